@@ -1,0 +1,32 @@
+// cx.build_info() and __version__.
+#include <pybind11/pybind11.h>
+
+#include "cyxwiz/tensor/blas.h"
+
+namespace py = pybind11;
+
+void init_info(py::module_& m) {
+  m.attr("__version__") = CYXWIZ_VERSION;
+  // Decided once, at import: see blas::configureThreadsFromEnvironment.
+  static const std::string threadPolicy = cyxwiz::blas::configureThreadsFromEnvironment();
+  m.def("build_info", []() {
+    py::dict info;
+    info["version"] = CYXWIZ_VERSION;
+#if defined(__clang__)
+    info["compiler"] = "clang " __clang_version__;
+#elif defined(__GNUC__)
+    info["compiler"] = "gcc " __VERSION__;
+#else
+    info["compiler"] = "unknown";
+#endif
+    info["blas"] = cyxwiz::blas::libraryInfo();
+    info["blas_threads"] = cyxwiz::blas::numThreads();
+    info["blas_threads_policy"] = threadPolicy;
+    info["cuda"] = false;
+    info["cuda_version"] = py::none();
+    info["nccl"] = false;
+    info["nccl_version"] = py::none();
+    info["note"] = "CPU-only build: GPU tensors and the NCCL backend are not built yet";
+    return info;
+  }, "What this build contains: compiler, BLAS, CUDA/NCCL (present or not).");
+}

@@ -1,0 +1,53 @@
+// Losses and the accuracy helper.
+#include <pybind11/pybind11.h>
+
+#include "cyxwiz/nn/cross_entropy.h"
+#include "cyxwiz/nn/mse.h"
+#include "numpy_convert.h"
+
+namespace py = pybind11;
+using namespace cyxwiz::nn;
+using cyxwiz::Tensor;
+using cyxwiz::bindings::floatTensor;
+using cyxwiz::bindings::targetTensor;
+using cyxwiz::bindings::toNumpy;
+
+namespace {
+
+// CrossEntropy takes class indices or rows; MSE takes values of the output's shape.
+Tensor lossTarget(Loss& loss, py::handle target) {
+  if (dynamic_cast<MSELoss*>(&loss)) return floatTensor(target, "MSELoss target");
+  return targetTensor(target, (loss.typeName() + " target").c_str());
+}
+
+}  // namespace
+
+void init_losses(py::module_& m) {
+  py::class_<Loss, std::shared_ptr<Loss>>(m, "Loss", "Base class of the losses.")
+      .def("forward", [](Loss& self, py::handle out, py::handle target) {
+        Tensor o = floatTensor(out, (self.typeName() + ".forward").c_str());
+        Tensor t = lossTarget(self, target);
+        py::gil_scoped_release release;
+        return self.forward(o, t);
+      }, py::arg("output"), py::arg("target"), "Mean loss over the batch.")
+      .def("__call__", [](py::object self, py::handle out, py::handle target) { return self.attr("forward")(out, target); },
+           py::arg("output"), py::arg("target"))
+      .def("backward", [](Loss& self, py::handle out, py::handle target) {
+        Tensor o = floatTensor(out, (self.typeName() + ".backward").c_str());
+        Tensor t = lossTarget(self, target);
+        Tensor g;
+        { py::gil_scoped_release release; g = self.backward(o, t); }
+        return toNumpy(g);
+      }, py::arg("output"), py::arg("target"), "Gradient of the mean loss w.r.t. output.")
+      .def("__repr__", [](const Loss& self) { return self.typeName() + "()"; });
+
+  py::class_<CrossEntropyLoss, Loss, std::shared_ptr<CrossEntropyLoss>>(m, "CrossEntropyLoss",
+      "Softmax cross-entropy on raw logits; targets are class indices (any int dtype) or one-hot/probability rows.")
+      .def(py::init<>());
+  py::class_<MSELoss, Loss, std::shared_ptr<MSELoss>>(m, "MSELoss", "Mean squared error over all elements.")
+      .def(py::init<>());
+
+  m.def("accuracy", [](py::handle out, py::handle target) {
+    return accuracy(floatTensor(out, "accuracy"), targetTensor(target, "accuracy target"));
+  }, py::arg("output"), py::arg("target"), "Fraction of rows whose argmax is the target class.");
+}

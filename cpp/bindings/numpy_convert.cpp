@@ -1,0 +1,101 @@
+#include "numpy_convert.h"
+
+#include <cmath>
+#include <memory>
+
+#include "cyxwiz/common/error.h"
+
+namespace cyxwiz::bindings {
+
+namespace {
+
+// Keeps a Python object alive from C++; the GIL is taken to drop it, since the last reference may
+// go on a thread (or in a section) that released the GIL.
+std::shared_ptr<void> pythonOwner(py::object obj) {
+  return std::shared_ptr<void>(new py::object(std::move(obj)), [](void* p) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<py::object*>(p);
+  });
+}
+
+Shape shapeOf(const py::array& arr) { return Shape(arr.shape(), arr.shape() + arr.ndim()); }
+
+template <typename T, int Flags>
+Tensor wrap(py::array_t<T, Flags> arr) {
+  void* data = const_cast<void*>(static_cast<const void*>(arr.data()));
+  Shape shape = shapeOf(arr);
+  return Tensor::fromExternal(data, shape, DTypeOf<T>::value, pythonOwner(std::move(arr)));
+}
+
+py::array asNumericArray(py::handle obj, const char* what) {
+  py::array arr = py::array::ensure(obj);
+  if (!arr) {
+    throw TypeMismatch(makeString(what, ": expected a numpy array (or something numpy.asarray accepts), got ",
+                                  std::string(py::str(py::type::of(obj).attr("__name__")))));
+  }
+  char kind = arr.dtype().kind();
+  if (kind != 'f' && kind != 'i' && kind != 'u') {
+    throw TypeMismatch(makeString(what, ": expected a numeric array, got dtype ", std::string(py::str(arr.dtype()))));
+  }
+  return arr;
+}
+
+}  // namespace
+
+Tensor floatTensor(py::handle obj, const char* what) {
+  if (py::isinstance<Tensor>(obj)) {
+    Tensor t = obj.cast<Tensor>();
+    if (t.dtype() == DType::Float32) return t;
+    obj = toNumpy(t);
+  }
+  py::array arr = asNumericArray(obj, what);
+  return wrap(py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(arr));
+}
+
+Tensor targetTensor(py::handle obj, const char* what) {
+  if (py::isinstance<Tensor>(obj)) obj = toNumpy(obj.cast<Tensor>());
+  py::array arr = asNumericArray(obj, what);
+  if (arr.ndim() != 1) return floatTensor(arr, what);
+  if (arr.dtype().kind() != 'f') {
+    return wrap(py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr));
+  }
+  auto values = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(arr);
+  Tensor out = Tensor::empty({static_cast<int64_t>(values.size())}, DType::Int64);
+  int64_t* labels = out.data<int64_t>();
+  for (py::ssize_t i = 0; i < values.size(); ++i) {
+    double v = values.data()[i];
+    if (!std::isfinite(v) || std::floor(v) != v) {
+      throw InvalidArgument(makeString(what, ": class labels must be whole numbers, got ", v, " at index ", i,
+                                       "; pass integer class indices, or 2-D one-hot/probability rows"));
+    }
+    labels[i] = static_cast<int64_t>(v);
+  }
+  return out;
+}
+
+Tensor fromNumpyAnyDtype(py::handle obj, const char* what) {
+  py::array arr = asNumericArray(obj, what);
+  auto dt = arr.dtype();
+  if (dt.is(py::dtype::of<double>())) return wrap(py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(arr));
+  if (dt.is(py::dtype::of<int32_t>())) return wrap(py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(arr));
+  if (dt.is(py::dtype::of<int64_t>())) return wrap(py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr));
+  return floatTensor(arr, what);
+}
+
+py::object toNumpy(const Tensor& t) {
+  if (!t.defined()) return py::none();
+  py::dtype dtype;
+  switch (t.dtype()) {
+    case DType::Float32: dtype = py::dtype::of<float>(); break;
+    case DType::Float64: dtype = py::dtype::of<double>(); break;
+    case DType::Int32: dtype = py::dtype::of<int32_t>(); break;
+    case DType::Int64: dtype = py::dtype::of<int64_t>(); break;
+  }
+  std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
+  if (!t.rawData()) return py::array(dtype, shape, {});  // zero elements: nothing to share
+  auto* keep = new std::shared_ptr<Storage>(t.storage());
+  py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<Storage>*>(p); });
+  return py::array(dtype, shape, {}, t.rawData(), base);
+}
+
+}  // namespace cyxwiz::bindings

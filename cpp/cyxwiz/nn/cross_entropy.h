@@ -1,0 +1,18 @@
+// CrossEntropyLoss on raw logits: mean over rows of -sum_c p_c log softmax(x)_c, with p the one-hot
+// of the class index or the given probability row. log-softmax is computed as x - max - log(sum exp(x - max)),
+// so large logits neither overflow nor lose the loss to rounding.
+#pragma once
+
+#include "cyxwiz/nn/loss.h"
+
+namespace cyxwiz::nn {
+
+class CrossEntropyLoss : public Loss {
+ public:
+  std::string typeName() const override { return "CrossEntropyLoss"; }
+  double forward(const Tensor& output, const Tensor& target) override;
+  // (softmax(x) * sum_c p_c - p) / rows
+  Tensor backward(const Tensor& output, const Tensor& target) override;
+};
+
+}  // namespace cyxwiz::nn

@@ -1,0 +1,33 @@
+// LinearModule: y = x W^T + b, W of shape (out_features, in_features) as in PyTorch.
+#pragma once
+
+#include "cyxwiz/nn/module.h"
+
+namespace cyxwiz::nn {
+
+class LinearModule : public Module {
+ public:
+  LinearModule(int64_t inFeatures, int64_t outFeatures, bool bias = true);
+
+  std::string typeName() const override { return "LinearModule"; }
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& gradOutput) override;
+  std::vector<Parameter*> parameters() override;
+  ModuleSpec spec() const override;
+  std::string repr() const override;
+  int64_t outFeatures(int64_t inFeatures) const override;
+
+  int64_t inFeatures() const { return in_; }
+  int64_t outFeatures() const { return out_; }
+  bool hasBias() const { return hasBias_; }
+  // Kaiming-uniform weights and uniform bias in +-1/sqrt(in_features), as torch.nn.Linear.
+  void resetParameters();
+
+ private:
+  int64_t in_, out_;
+  bool hasBias_;
+  Parameter weight_, bias_;
+  Tensor input_;  // cached by forward
+};
+
+}  // namespace cyxwiz::nn

@@ -1,0 +1,53 @@
+#include "cyxwiz/nn/loss.h"
+
+#include <algorithm>
+
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/nn/module.h"
+
+namespace cyxwiz::nn {
+
+bool checkClassTarget(const Tensor& output, const Tensor& target, const std::string& who) {
+  requireMatrix(output, who);
+  const int64_t rows = output.size(0), classes = output.size(1);
+  CYX_CHECK(rows > 0, who, ": the batch is empty");
+  if (target.dtype() == DType::Int64 && target.dim() == 1) {
+    CYX_CHECK(target.size(0) == rows, who, ": output has ", rows, " rows but target has ", target.size(0), " labels");
+    const int64_t* t = target.data<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      CYX_CHECK(t[r] >= 0 && t[r] < classes, who, ": target class ", t[r], " at row ", r, " is out of range for ",
+                classes, " classes (valid: 0..", classes - 1, ")");
+    }
+    return true;
+  }
+  CYX_CHECK(target.dtype() == DType::Float32 && target.shape() == output.shape(), who,
+            ": target must be class indices of shape (", rows, ",) or rows of shape ", shapeString(output.shape()),
+            ", got ", dtypeName(target.dtype()), " ", shapeString(target.shape()));
+  return false;
+}
+
+int64_t countCorrect(const Tensor& output, const Tensor& target) {
+  bool indices = checkClassTarget(output, target, "accuracy");
+  const int64_t rows = output.size(0), classes = output.size(1);
+  const float* y = output.data<float>();
+  int64_t correct = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = y + r * classes;
+    int64_t predicted = std::max_element(row, row + classes) - row;
+    int64_t truth;
+    if (indices) {
+      truth = target.data<int64_t>()[r];
+    } else {
+      const float* t = target.data<float>() + r * classes;
+      truth = std::max_element(t, t + classes) - t;
+    }
+    correct += predicted == truth;
+  }
+  return correct;
+}
+
+double accuracy(const Tensor& output, const Tensor& target) {
+  return static_cast<double>(countCorrect(output, target)) / static_cast<double>(output.size(0));
+}
+
+}  // namespace cyxwiz::nn

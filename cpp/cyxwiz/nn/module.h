@@ -1,0 +1,65 @@
+// Module: one layer of a SequentialModel. Each subclass keeps forward and backward side by side.
+//
+// Contract: forward(x) caches what backward needs; backward(gradOutput) ADDS the parameter gradients
+// into each Parameter::grad (so gradient accumulation is just not zeroing) and returns the gradient
+// w.r.t. the input, or an undefined Tensor when needInputGrad is false (the first layer of a model:
+// nothing consumes it, and skipping it saves a GEMM).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cyxwiz/tensor/tensor.h"
+
+namespace cyxwiz::nn {
+
+struct Parameter {
+  std::string name;  // "weight", "bias"
+  Tensor value;
+  Tensor grad;       // same shape; may be rebound to a view into a DDP bucket
+};
+
+// What a module is, in a form a model file can store: type name plus numeric attributes.
+struct ModuleSpec {
+  std::string type;
+  std::map<std::string, double> attrs;
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  virtual std::string typeName() const = 0;
+  virtual Tensor forward(const Tensor& input) = 0;
+  virtual Tensor backward(const Tensor& gradOutput) = 0;
+
+  virtual std::vector<Parameter*> parameters() { return {}; }
+  virtual ModuleSpec spec() const { return {typeName(), {}}; }
+  virtual std::string repr() const { return typeName() + "()"; }
+  // Output feature count for an input with `inFeatures` columns (shape-preserving by default).
+  virtual int64_t outFeatures(int64_t inFeatures) const { return inFeatures; }
+
+  void zeroGrad();
+  int64_t numParameters();
+  void setTraining(bool training) { training_ = training; }
+  bool training() const { return training_; }
+  void setNeedInputGrad(bool need) { needInputGrad_ = need; }
+  bool needInputGrad() const { return needInputGrad_; }
+
+ protected:
+  // Throws unless backward may run: forward has cached an input of the same shape as `gradOutput`'s source.
+  void checkBackward(const Tensor& cached, const Tensor& gradOutput, const Shape& expected) const;
+
+  bool training_ = true;
+  bool needInputGrad_ = true;
+};
+
+// Builds a module from its stored spec (model files). Throws FileFormatError for an unknown type.
+std::shared_ptr<Module> makeModule(const ModuleSpec& spec);
+
+// Requires a 2-D float32 (batch, features) tensor; `who` names the caller in the message.
+void requireMatrix(const Tensor& t, const std::string& who, int64_t features = -1);
+
+}  // namespace cyxwiz::nn

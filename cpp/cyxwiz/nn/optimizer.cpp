@@ -1,0 +1,83 @@
+#include "cyxwiz/nn/optimizer.h"
+
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/nn/sequential.h"
+
+namespace cyxwiz::nn {
+
+void checkHyperParameter(bool ok, const std::string& who, const std::string& name, double value, const std::string& rule) {
+  CYX_CHECK(ok, who, ": ", name, "=", value, " is invalid; ", rule);
+}
+
+Optimizer::Optimizer(double learningRate) : lr_(learningRate) { setLearningRate(learningRate); }
+
+void Optimizer::setLearningRate(double lr) {
+  checkHyperParameter(lr >= 0.0, "optimizer", "learning_rate", lr, "it must be >= 0");
+  lr_ = lr;
+}
+
+void Optimizer::ensureState(const std::vector<Parameter*>& params) {
+  const size_t nslots = slotNames().size();
+  if (slots_.empty() && nslots > 0) {
+    for (Parameter* p : params) {
+      std::vector<Tensor> buffers;
+      for (size_t s = 0; s < nslots; ++s) buffers.push_back(Tensor::zeros(p->value.shape()));
+      slots_.push_back(std::move(buffers));
+    }
+    return;
+  }
+  bool same = nslots == 0 || slots_.size() == params.size();
+  for (size_t i = 0; same && nslots && i < params.size(); ++i) same = slots_[i][0].shape() == params[i]->value.shape();
+  CYX_CHECK(same, typeName(), ".step: this optimizer holds state for a different model (", slots_.size(),
+            " parameters); use one optimizer per model");
+}
+
+void Optimizer::step(SequentialModel& model) {
+  std::vector<Parameter*> params = model.parameters();
+  ensureState(params);
+  ++steps_;
+  std::vector<Tensor> none;
+  for (size_t i = 0; i < params.size(); ++i) update(*params[i], slots_.empty() ? none : slots_[i]);
+}
+
+void Optimizer::zeroGrad(SequentialModel& model) { model.zeroGrad(); }
+
+OptimizerState Optimizer::state() const {
+  OptimizerState out;
+  out.scalars["step"] = static_cast<double>(steps_);
+  out.scalars["lr"] = lr_;
+  hyperParameters(out.scalars);
+  std::vector<std::string> names = slotNames();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    for (size_t s = 0; s < names.size(); ++s) out.tensors[makeString(names[s], ".", i)] = slots_[i][s].clone();
+  }
+  return out;
+}
+
+void Optimizer::loadState(const OptimizerState& state) {
+  auto step = state.scalars.find("step");
+  auto lr = state.scalars.find("lr");
+  CYX_CHECK(step != state.scalars.end() && lr != state.scalars.end() && step->second >= 0, typeName(),
+            ".load_state_dict: the state has no valid 'step' and 'lr' entries");
+  std::vector<std::string> names = slotNames();
+  std::vector<std::vector<Tensor>> slots;
+  for (size_t i = 0;; ++i) {
+    std::vector<Tensor> buffers;
+    for (const std::string& name : names) {
+      auto it = state.tensors.find(makeString(name, ".", i));
+      if (it == state.tensors.end()) break;
+      CYX_CHECK(it->second.dtype() == DType::Float32, typeName(), ".load_state_dict: '", name, ".", i, "' must be float32");
+      buffers.push_back(it->second.clone());
+    }
+    if (buffers.empty() || names.empty()) break;
+    CYX_CHECK(buffers.size() == names.size(), typeName(), ".load_state_dict: parameter ", i, " lacks some of its buffers");
+    slots.push_back(std::move(buffers));
+  }
+  CYX_CHECK(state.tensors.size() == slots.size() * names.size(), typeName(),
+            ".load_state_dict: the state holds tensors this optimizer does not know (was it saved by another optimizer type?)");
+  slots_ = std::move(slots);
+  steps_ = static_cast<int64_t>(step->second);
+  setLearningRate(lr->second);
+}
+
+}  // namespace cyxwiz::nn

@@ -1,0 +1,48 @@
+// SequentialModel: modules applied in order; backward runs them in reverse.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cyxwiz/nn/module.h"
+
+namespace cyxwiz::nn {
+
+class SequentialModel {
+ public:
+  void add(std::shared_ptr<Module> module);
+  size_t size() const { return modules_.size(); }
+  const std::shared_ptr<Module>& at(size_t i) const;
+  const std::vector<std::shared_ptr<Module>>& modules() const { return modules_; }
+
+  Tensor forward(const Tensor& input);
+  // Accumulates parameter gradients; returns the gradient w.r.t. the model input when
+  // `needInputGrad` (else an undefined Tensor, and the first layer skips that GEMM).
+  Tensor backward(const Tensor& gradOutput, bool needInputGrad = false);
+  void zeroGrad();
+
+  // Layer by layer, weight then bias. Pointers stay valid while the model lives.
+  std::vector<Parameter*> parameters() const;
+  int64_t numParameters() const;
+  void train() { setTraining(true); }
+  void eval() { setTraining(false); }
+  bool training() const { return training_; }
+
+  std::string repr() const;
+  // A table: index, layer, output features, parameter count; `inFeatures` < 0 infers from the first layer.
+  std::string summary(int64_t inFeatures = -1) const;
+  // A string that changes when the architecture (types, attributes, parameter shapes) does.
+  std::string architectureFingerprint() const;
+
+  void save(const std::string& path) const;
+  static std::shared_ptr<SequentialModel> load(const std::string& path);
+
+ private:
+  void setTraining(bool training);
+
+  std::vector<std::shared_ptr<Module>> modules_;
+  bool training_ = true;
+};
+
+}  // namespace cyxwiz::nn

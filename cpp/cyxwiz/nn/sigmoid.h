@@ -1,0 +1,18 @@
+// SigmoidModule: y = 1 / (1 + exp(-x)); dy/dx = y (1 - y).
+#pragma once
+
+#include "cyxwiz/nn/module.h"
+
+namespace cyxwiz::nn {
+
+class SigmoidModule : public Module {
+ public:
+  std::string typeName() const override { return "SigmoidModule"; }
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& gradOutput) override;
+
+ private:
+  Tensor output_;  // backward needs only the output
+};
+
+}  // namespace cyxwiz::nn

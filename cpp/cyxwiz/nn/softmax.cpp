@@ -1,0 +1,53 @@
+#include "cyxwiz/nn/softmax.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "cyxwiz/nn/elementwise.h"
+
+namespace cyxwiz::nn {
+
+void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    float mx = *std::max_element(xr, xr + cols);
+    double sum = 0.0;
+    for (int64_t c = 0; c < cols; ++c) {
+      yr[c] = std::exp(xr[c] - mx);
+      sum += yr[c];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
+  }
+}
+
+Tensor SoftmaxModule::forward(const Tensor& input) {
+  requireFloatTensor(input, "SoftmaxModule.forward");
+  Tensor out = Tensor::empty(input.shape());
+  const int64_t cols = input.size(-1);
+  if (cols > 0) softmaxRows(input.data<float>(), out.data<float>(), input.numel() / cols, cols);
+  output_ = out;
+  return out;
+}
+
+Tensor SoftmaxModule::backward(const Tensor& gradOutput) {
+  checkBackward(output_, gradOutput, output_.shape());
+  if (!needInputGrad_) return Tensor();
+  Tensor gradInput = Tensor::empty(gradOutput.shape());
+  const int64_t cols = output_.size(-1);
+  const int64_t rows = cols ? output_.numel() / cols : 0;
+  const float* y = output_.data<float>();
+  const float* g = gradOutput.data<float>();
+  float* dx = gradInput.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * cols;
+    const float* gr = g + r * cols;
+    double dot = 0.0;
+    for (int64_t c = 0; c < cols; ++c) dot += double(gr[c]) * yr[c];
+    for (int64_t c = 0; c < cols; ++c) dx[r * cols + c] = yr[c] * (gr[c] - static_cast<float>(dot));
+  }
+  return gradInput;
+}
+
+}  // namespace cyxwiz::nn

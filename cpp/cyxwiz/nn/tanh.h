@@ -1,0 +1,18 @@
+// TanhModule: y = tanh(x); dy/dx = 1 - y^2.
+#pragma once
+
+#include "cyxwiz/nn/module.h"
+
+namespace cyxwiz::nn {
+
+class TanhModule : public Module {
+ public:
+  std::string typeName() const override { return "TanhModule"; }
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& gradOutput) override;
+
+ private:
+  Tensor output_;  // backward needs only the output
+};
+
+}  // namespace cyxwiz::nn

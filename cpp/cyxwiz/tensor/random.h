@@ -1,0 +1,17 @@
+// The engine's one random stream: weight initialisation and dropout masks draw from it,
+// so cx.manual_seed(n) makes both reproducible. Values are identical on every platform.
+#pragma once
+
+#include <cstdint>
+#include <random>
+
+namespace cyxwiz {
+
+std::mt19937_64& globalGenerator();
+void manualSeed(uint64_t seed);
+uint64_t defaultSeed();
+
+// Uniform float in [0, 1) from the top 24 bits of one draw (exact in float32, portable).
+inline float uniform01(std::mt19937_64& gen) { return static_cast<float>(gen() >> 40) * (1.0f / 16777216.0f); }
+
+}  // namespace cyxwiz

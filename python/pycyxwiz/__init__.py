@@ -1,0 +1,42 @@
+"""pycyxwiz: a data-parallel training engine with a C++ core.
+
+    import pycyxwiz as cx
+    model = cx.SequentialModel()
+    model.add(cx.LinearModule(784, 256)); model.add(cx.ReLUModule()); model.add(cx.LinearModule(256, 10))
+"""
+
+import ctypes as _ctypes
+import os as _os
+
+import scipy_openblas32 as _openblas
+
+# _core finds the BLAS through its rpath when both live in one site-packages; loading it here by
+# path also covers editable installs and unusual layouts (the loader matches it by soname).
+_ctypes.CDLL(_os.path.join(_openblas.get_lib_dir(), _openblas.get_library(True)), mode=_ctypes.RTLD_GLOBAL)
+
+from ._core import (  # noqa: F401
+    AdamOptimizer,
+    AdamWOptimizer,
+    CrossEntropyLoss,
+    DropoutModule,
+    GELUModule,
+    LinearModule,
+    Loss,
+    ModelFormatError,
+    Module,
+    MSELoss,
+    Optimizer,
+    ReLUModule,
+    SequentialModel,
+    SGDOptimizer,
+    SigmoidModule,
+    SoftmaxModule,
+    TanhModule,
+    Tensor,
+    __version__,
+    accuracy,
+    build_info,
+    get_num_threads,
+    manual_seed,
+    set_num_threads,
+)
