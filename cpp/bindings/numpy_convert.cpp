@@ -1,6 +1,7 @@
 #include "numpy_convert.h"
 
 #include <cmath>
+#include <cstdint>
 #include <memory>
 
 #include "cyxwiz/common/error.h"
@@ -56,6 +57,15 @@ Tensor targetTensor(py::handle obj, const char* what) {
   if (py::isinstance<Tensor>(obj)) obj = toNumpy(obj.cast<Tensor>());
   py::array arr = asNumericArray(obj, what);
   if (arr.ndim() != 1) return floatTensor(arr, what);
+  if (arr.dtype().kind() == 'u' && arr.itemsize() == 8) {
+    // uint64 labels above INT64_MAX would wrap to negative numbers in the cast below.
+    auto u = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(arr);
+    for (py::ssize_t i = 0; i < u.size(); ++i) {
+      if (u.data()[i] > static_cast<uint64_t>(INT64_MAX)) {
+        throw InvalidArgument(makeString(what, ": class label ", u.data()[i], " at index ", i, " is out of range"));
+      }
+    }
+  }
   if (arr.dtype().kind() != 'f') {
     return wrap(py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr));
   }
@@ -64,6 +74,9 @@ Tensor targetTensor(py::handle obj, const char* what) {
   int64_t* labels = out.data<int64_t>();
   for (py::ssize_t i = 0; i < values.size(); ++i) {
     double v = values.data()[i];
+    if (std::fabs(v) > 9.0e15) {  // beyond 2^53 a float no longer holds a whole label exactly
+      throw InvalidArgument(makeString(what, ": class label ", v, " at index ", i, " is out of range"));
+    }
     if (!std::isfinite(v) || std::floor(v) != v) {
       throw InvalidArgument(makeString(what, ": class labels must be whole numbers, got ", v, " at index ", i,
                                        "; pass integer class indices, or 2-D one-hot/probability rows"));

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -86,7 +87,9 @@ void writeContainer(const std::string& path, const FileKind& kind, const std::ve
   header.u64(payload.size());
   uint32_t checksum = crc32(payload.data(), payload.size());
 
-  std::string tmp = makeString(path, ".tmp.", ::getpid());
+  // Unique per process and per call, so concurrent saves (threads or ranks) never share a temp file.
+  static std::atomic<uint64_t> counter{0};
+  std::string tmp = makeString(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) {
     int err = errno;

@@ -2,7 +2,7 @@
 //
 //   magic (8 bytes) | format version (u32) | reserved (u32) | payload size (u64) | payload | crc32(payload) (u32)
 //
-// All integers little-endian. Writes go to "<path>.tmp.<pid>" then rename(), so a crash never
+// All integers little-endian. Writes go to "<path>.tmp.<pid>.<n>" then rename(), so a crash never
 // leaves half a file under the real name. Reads check magic, version, size and checksum before
 // a single payload byte is interpreted, and ByteReader bounds-checks every field after that.
 #pragma once

@@ -41,13 +41,7 @@ Tensor DropoutModule::backward(const Tensor& gradOutput) {
   checkBackward(gradOutput, gradOutput, shape_);
   if (!needInputGrad_) return Tensor();
   if (!mask_.defined()) return gradOutput.clone();
-  Tensor gradInput = Tensor::empty(shape_);
-  const float* m = mask_.data<float>();
-  const float* g = gradOutput.data<float>();
-  float* dx = gradInput.data<float>();
-  const int64_t n = gradOutput.numel();
-  for (int64_t i = 0; i < n; ++i) dx[i] = g[i] * m[i];
-  return gradInput;
+  return zipElements(mask_, gradOutput, [](float m, float g) { return g * m; });
 }
 
 }  // namespace cyxwiz::nn

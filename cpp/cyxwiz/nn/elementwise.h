@@ -1,4 +1,5 @@
-// Shared shape/dtype checks for the element-wise activations.
+// Helpers for the element-wise activations: each layer then states only its formula, forward and
+// derivative side by side.
 #pragma once
 
 #include <string>
@@ -9,5 +10,28 @@ namespace cyxwiz::nn {
 
 // Requires a float32 tensor with at least one dimension.
 void requireFloatTensor(const Tensor& t, const std::string& who);
+
+// out[i] = f(a[i]), a fresh float32 tensor of a's shape.
+template <typename F>
+Tensor mapElements(const Tensor& a, F f) {
+  Tensor out = Tensor::empty(a.shape());
+  const float* x = a.data<float>();
+  float* y = out.data<float>();
+  const int64_t n = a.numel();
+  for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+  return out;
+}
+
+// out[i] = f(a[i], b[i]) for two float32 tensors of equal size.
+template <typename F>
+Tensor zipElements(const Tensor& a, const Tensor& b, F f) {
+  Tensor out = Tensor::empty(b.shape());
+  const float* x = a.data<float>();
+  const float* g = b.data<float>();
+  float* y = out.data<float>();
+  const int64_t n = b.numel();
+  for (int64_t i = 0; i < n; ++i) y[i] = f(x[i], g[i]);
+  return out;
+}
 
 }  // namespace cyxwiz::nn

@@ -41,11 +41,12 @@ Tensor LinearModule::forward(const Tensor& input) {
   }
   blas::sgemm(false, true, batch, out_, in_, 1.0f, input.data<float>(), in_, weight_.value.data<float>(), in_,
               hasBias_ ? 1.0f : 0.0f, y, out_);
-  input_ = input;
+  input_ = keepForBackward(input);
   return output;
 }
 
 Tensor LinearModule::backward(const Tensor& gradOutput) {
+  requireForward(input_);
   checkBackward(input_, gradOutput, {input_.size(0), out_});
   const int64_t batch = input_.size(0);
   const float* g = gradOutput.data<float>();

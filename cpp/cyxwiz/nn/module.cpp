@@ -18,10 +18,14 @@ int64_t Module::numParameters() {
   return n;
 }
 
-void Module::checkBackward(const Tensor& cached, const Tensor& gradOutput, const Shape& expected) const {
+void Module::requireForward(const Tensor& cached) const {
   if (!cached.defined()) {
     throw InvalidArgument(typeName() + ".backward called before forward; run forward on the batch first");
   }
+}
+
+void Module::checkBackward(const Tensor& cached, const Tensor& gradOutput, const Shape& expected) const {
+  requireForward(cached);
   if (gradOutput.dtype() != DType::Float32 || gradOutput.shape() != expected) {
     throw InvalidArgument(makeString(typeName(), ".backward: expected a float32 gradient of shape ", shapeString(expected),
                                      " (the shape forward returned), got ", dtypeName(gradOutput.dtype()), " ",

@@ -1,6 +1,8 @@
 // Module: one layer of a SequentialModel. Each subclass keeps forward and backward side by side.
 //
-// Contract: forward(x) caches what backward needs; backward(gradOutput) ADDS the parameter gradients
+// Contract: forward(x) caches what backward needs, and only its input, through keepForBackward: a
+// buffer the caller can write to (their numpy array, or the output we hand back) is never what
+// backward reads, so changing an array between forward and backward cannot corrupt gradients; backward(gradOutput) ADDS the parameter gradients
 // into each Parameter::grad (so gradient accumulation is just not zeroing) and returns the gradient
 // w.r.t. the input, or an undefined Tensor when needInputGrad is false (the first layer of a model:
 // nothing consumes it, and skipping it saves a GEMM).
@@ -49,7 +51,11 @@ class Module {
   bool needInputGrad() const { return needInputGrad_; }
 
  protected:
-  // Throws unless backward may run: forward has cached an input of the same shape as `gradOutput`'s source.
+  // The input as backward may keep it: engine-owned buffers as they are, borrowed ones copied.
+  static Tensor keepForBackward(const Tensor& input) { return input.borrowed() ? input.clone() : input; }
+  // Throws unless forward has run (`cached` is defined).
+  void requireForward(const Tensor& cached) const;
+  // requireForward, then: `gradOutput` is float32 of the `expected` shape (what forward returned).
   void checkBackward(const Tensor& cached, const Tensor& gradOutput, const Shape& expected) const;
 
   bool training_ = true;

@@ -6,25 +6,14 @@ namespace cyxwiz::nn {
 
 Tensor ReLUModule::forward(const Tensor& input) {
   requireFloatTensor(input, "ReLUModule.forward");
-  Tensor out = Tensor::empty(input.shape());
-  const float* x = input.data<float>();
-  float* y = out.data<float>();
-  const int64_t n = input.numel();
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
-  output_ = out;
-  return out;
+  input_ = keepForBackward(input);
+  return mapElements(input, [](float x) { return x > 0.0f ? x : 0.0f; });
 }
 
 Tensor ReLUModule::backward(const Tensor& gradOutput) {
-  checkBackward(output_, gradOutput, output_.shape());
+  checkBackward(input_, gradOutput, input_.shape());
   if (!needInputGrad_) return Tensor();
-  Tensor gradInput = Tensor::empty(gradOutput.shape());
-  const float* y = output_.data<float>();
-  const float* g = gradOutput.data<float>();
-  float* dx = gradInput.data<float>();
-  const int64_t n = gradOutput.numel();
-  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? g[i] : 0.0f;
-  return gradInput;
+  return zipElements(input_, gradOutput, [](float x, float g) { return x > 0.0f ? g : 0.0f; });
 }
 
 }  // namespace cyxwiz::nn

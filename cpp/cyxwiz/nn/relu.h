@@ -1,4 +1,4 @@
-// ReLUModule: y = max(x, 0); dy/dx = 1 where y > 0 (0 at the kink, as PyTorch).
+// ReLUModule: y = max(x, 0); dy/dx = 1 where x > 0 (0 at the kink, as PyTorch).
 #pragma once
 
 #include "cyxwiz/nn/module.h"
@@ -12,7 +12,7 @@ class ReLUModule : public Module {
   Tensor backward(const Tensor& gradOutput) override;
 
  private:
-  Tensor output_;  // backward needs only the output
+  Tensor input_;
 };
 
 }  // namespace cyxwiz::nn

@@ -6,35 +6,30 @@
 
 namespace cyxwiz::nn {
 
+namespace {
+
+// Branch on the sign so exp never overflows.
+inline float sigmoid(float x) {
+  if (x >= 0.0f) return 1.0f / (1.0f + std::exp(-x));
+  float e = std::exp(x);
+  return e / (1.0f + e);
+}
+
+}  // namespace
+
 Tensor SigmoidModule::forward(const Tensor& input) {
   requireFloatTensor(input, "SigmoidModule.forward");
-  Tensor out = Tensor::empty(input.shape());
-  const float* x = input.data<float>();
-  float* y = out.data<float>();
-  const int64_t n = input.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    // Branch on the sign so exp never overflows.
-    if (x[i] >= 0.0f) {
-      y[i] = 1.0f / (1.0f + std::exp(-x[i]));
-    } else {
-      float e = std::exp(x[i]);
-      y[i] = e / (1.0f + e);
-    }
-  }
-  output_ = out;
-  return out;
+  input_ = keepForBackward(input);
+  return mapElements(input, sigmoid);
 }
 
 Tensor SigmoidModule::backward(const Tensor& gradOutput) {
-  checkBackward(output_, gradOutput, output_.shape());
+  checkBackward(input_, gradOutput, input_.shape());
   if (!needInputGrad_) return Tensor();
-  Tensor gradInput = Tensor::empty(gradOutput.shape());
-  const float* y = output_.data<float>();
-  const float* g = gradOutput.data<float>();
-  float* dx = gradInput.data<float>();
-  const int64_t n = gradOutput.numel();
-  for (int64_t i = 0; i < n; ++i) dx[i] = g[i] * y[i] * (1.0f - y[i]);
-  return gradInput;
+  return zipElements(input_, gradOutput, [](float x, float g) {
+    float y = sigmoid(x);
+    return g * y * (1.0f - y);
+  });
 }
 
 }  // namespace cyxwiz::nn

@@ -1,4 +1,4 @@
-// SigmoidModule: y = 1 / (1 + exp(-x)); dy/dx = y (1 - y).
+// SigmoidModule: y = 1 / (1 + exp(-x)); dy/dx = y (1 - y), y recomputed from the cached input.
 #pragma once
 
 #include "cyxwiz/nn/module.h"
@@ -12,7 +12,7 @@ class SigmoidModule : public Module {
   Tensor backward(const Tensor& gradOutput) override;
 
  private:
-  Tensor output_;  // backward needs only the output
+  Tensor input_;
 };
 
 }  // namespace cyxwiz::nn

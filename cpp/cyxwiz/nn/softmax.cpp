@@ -22,22 +22,31 @@ void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols) {
   }
 }
 
-Tensor SoftmaxModule::forward(const Tensor& input) {
-  requireFloatTensor(input, "SoftmaxModule.forward");
+namespace {
+
+Tensor softmax(const Tensor& input) {
   Tensor out = Tensor::empty(input.shape());
   const int64_t cols = input.size(-1);
   if (cols > 0) softmaxRows(input.data<float>(), out.data<float>(), input.numel() / cols, cols);
-  output_ = out;
   return out;
 }
 
+}  // namespace
+
+Tensor SoftmaxModule::forward(const Tensor& input) {
+  requireFloatTensor(input, "SoftmaxModule.forward");
+  input_ = keepForBackward(input);
+  return softmax(input);
+}
+
 Tensor SoftmaxModule::backward(const Tensor& gradOutput) {
-  checkBackward(output_, gradOutput, output_.shape());
+  checkBackward(input_, gradOutput, input_.shape());
   if (!needInputGrad_) return Tensor();
+  Tensor output = softmax(input_);  // recomputed: the returned output belongs to the caller
   Tensor gradInput = Tensor::empty(gradOutput.shape());
-  const int64_t cols = output_.size(-1);
-  const int64_t rows = cols ? output_.numel() / cols : 0;
-  const float* y = output_.data<float>();
+  const int64_t cols = output.size(-1);
+  const int64_t rows = cols ? output.numel() / cols : 0;
+  const float* y = output.data<float>();
   const float* g = gradOutput.data<float>();
   float* dx = gradInput.data<float>();
   for (int64_t r = 0; r < rows; ++r) {

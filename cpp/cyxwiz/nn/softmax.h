@@ -14,7 +14,7 @@ class SoftmaxModule : public Module {
   Tensor backward(const Tensor& gradOutput) override;
 
  private:
-  Tensor output_;
+  Tensor input_;
 };
 
 // Row-wise softmax of a (rows, cols) float buffer, shared with CrossEntropyLoss.

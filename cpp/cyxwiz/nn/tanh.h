@@ -1,4 +1,4 @@
-// TanhModule: y = tanh(x); dy/dx = 1 - y^2.
+// TanhModule: y = tanh(x); dy/dx = 1 - y^2, y recomputed from the cached input.
 #pragma once
 
 #include "cyxwiz/nn/module.h"
@@ -12,7 +12,7 @@ class TanhModule : public Module {
   Tensor backward(const Tensor& gradOutput) override;
 
  private:
-  Tensor output_;  // backward needs only the output
+  Tensor input_;
 };
 
 }  // namespace cyxwiz::nn

@@ -57,6 +57,7 @@ Tensor Tensor::fromExternal(void* data, const Shape& shape, DType dtype, std::sh
   storage->data = data;
   storage->nbytes = static_cast<size_t>(shapeNumel(shape)) * itemSize(dtype);
   storage->owner = std::move(owner);
+  storage->borrowed = true;
   Tensor t;
   t.storage_ = std::move(storage);
   t.shape_ = shape;

@@ -24,6 +24,7 @@ struct Storage {
   size_t nbytes = 0;
   Device device;
   std::shared_ptr<void> owner;  // frees or releases the memory when the last Tensor goes
+  bool borrowed = false;        // memory someone outside the engine may write to (a numpy array)
 };
 
 class Tensor {
@@ -55,6 +56,7 @@ class Tensor {
   void copyFrom(const Tensor& src);  // same numel and dtype; shapes may differ
   void fill(double value);
   bool sharesStorageWith(const Tensor& other) const { return storage_ && storage_ == other.storage_; }
+  bool borrowed() const { return storage_ && storage_->borrowed; }
 
  private:
   std::shared_ptr<Storage> storage_;
