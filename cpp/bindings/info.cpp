@@ -7,8 +7,10 @@ namespace py = pybind11;
 
 void init_info(py::module_& m) {
   m.attr("__version__") = CYXWIZ_VERSION;
-  // Decided once, at import: see blas::configureThreadsFromEnvironment.
-  static const std::string threadPolicy = cyxwiz::blas::configureThreadsFromEnvironment();
+  // Called once by pycyxwiz/__init__.py (not here: an exception during module init becomes ImportError,
+  // and a bad CYXWIZ_NUM_THREADS deserves its ValueError).
+  static std::string threadPolicy = "BLAS threads: not configured";
+  m.def("_configure_threads", []() { threadPolicy = cyxwiz::blas::configureThreadsFromEnvironment(); });
   m.def("build_info", []() {
     py::dict info;
     info["version"] = CYXWIZ_VERSION;

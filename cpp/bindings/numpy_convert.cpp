@@ -44,17 +44,23 @@ py::array asNumericArray(py::handle obj, const char* what) {
 }  // namespace
 
 Tensor floatTensor(py::handle obj, const char* what) {
+  py::object view;  // owns the numpy view of a cx.Tensor until wrap() takes its own reference
   if (py::isinstance<Tensor>(obj)) {
     Tensor t = obj.cast<Tensor>();
     if (t.dtype() == DType::Float32) return t;
-    obj = toNumpy(t);
+    view = toNumpy(t);
+    obj = view;
   }
   py::array arr = asNumericArray(obj, what);
   return wrap(py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(arr));
 }
 
 Tensor targetTensor(py::handle obj, const char* what) {
-  if (py::isinstance<Tensor>(obj)) obj = toNumpy(obj.cast<Tensor>());
+  py::object view;  // as in floatTensor
+  if (py::isinstance<Tensor>(obj)) {
+    view = toNumpy(obj.cast<Tensor>());
+    obj = view;
+  }
   py::array arr = asNumericArray(obj, what);
   if (arr.ndim() != 1) return floatTensor(arr, what);
   if (arr.dtype().kind() == 'u' && arr.itemsize() == 8) {
@@ -88,6 +94,8 @@ Tensor targetTensor(py::handle obj, const char* what) {
 
 Tensor fromNumpyAnyDtype(py::handle obj, const char* what) {
   py::array arr = asNumericArray(obj, what);
+  // A Tensor hands out writable views, so read-only memory (bytes, frozen arrays) is copied first.
+  if (!arr.writeable()) arr = py::array::ensure(py::module_::import("numpy").attr("array")(arr));
   auto dt = arr.dtype();
   if (dt.is(py::dtype::of<double>())) return wrap(py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(arr));
   if (dt.is(py::dtype::of<int32_t>())) return wrap(py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(arr));

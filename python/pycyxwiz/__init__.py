@@ -40,3 +40,6 @@ from ._core import (  # noqa: F401
     manual_seed,
     set_num_threads,
 )
+from ._core import _configure_threads
+
+_configure_threads()  # BLAS threads: see docs/engine.md "Threads and randomness"

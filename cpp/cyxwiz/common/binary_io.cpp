@@ -1,5 +1,6 @@
 #include "cyxwiz/common/binary_io.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -110,6 +111,10 @@ void writeContainer(const std::string& path, const FileKind& kind, const std::ve
 }
 
 std::vector<uint8_t> readContainer(const std::string& path, const FileKind& kind, uint32_t* versionOut) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    throw IoError(makeString("cannot read ", kind.name, " file '", path, "': it is a directory"), EISDIR);
+  }
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) {
     int err = errno;
@@ -130,7 +135,8 @@ std::vector<uint8_t> readContainer(const std::string& path, const FileKind& kind
   uint64_t payloadSize;
   std::memcpy(&version, head + 8, 4);
   std::memcpy(&payloadSize, head + 16, 8);
-  if (version == 0 || version > kind.version) {
+  if (version == 0) throw FileFormatError(what + " has the invalid format version 0; the file is corrupt");
+  if (version > kind.version) {
     throw FileFormatError(makeString(what, " has format version ", version, "; this pycyxwiz reads versions 1 to ",
                                      kind.version, ". Upgrade pycyxwiz to read it"));
   }

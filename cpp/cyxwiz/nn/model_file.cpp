@@ -30,36 +30,49 @@ void encodeModel(ByteWriter& out, const SequentialModel& model) {
 }
 
 std::shared_ptr<SequentialModel> decodeModel(ByteReader& in) {
-  auto model = std::make_shared<SequentialModel>();
+  // Read everything first: the reader bounds-checks against the payload, so the layers built below
+  // can be checked against the data that is really there before they allocate anything.
   uint32_t count = in.u32();
   if (count > 100000) in.fail(makeString("layer count ", count, " is implausible"));
+  std::vector<ModuleSpec> specs(count);
   for (uint32_t i = 0; i < count; ++i) {
-    ModuleSpec spec;
-    spec.type = in.str();
+    specs[i].type = in.str();
     uint32_t nattrs = in.u32();
     if (nattrs > 64) in.fail(makeString("attribute count ", nattrs, " of layer ", i, " is implausible"));
     for (uint32_t a = 0; a < nattrs; ++a) {
       std::string key = in.str();
-      spec.attrs[key] = in.f64();
-    }
-    try {
-      model->add(makeModule(spec));
-    } catch (const InvalidArgument& e) {
-      in.fail(makeString("layer ", i, " (", spec.type, ") cannot be rebuilt: ", e.what()));
+      specs[i].attrs[key] = in.f64();
     }
   }
   uint32_t ntensors = in.u32();
+  if (ntensors > 2 * count + 1) in.fail(makeString("tensor count ", ntensors, " is implausible for ", count, " layers"));
+  std::vector<std::pair<std::string, Tensor>> stored;
+  int64_t storedValues = 0;
+  for (uint32_t i = 0; i < ntensors; ++i) {
+    std::string name = in.str();
+    stored.emplace_back(name, in.tensor());
+    storedValues += stored.back().second.numel();
+  }
+
+  auto model = std::make_shared<SequentialModel>();
+  for (uint32_t i = 0; i < count; ++i) {
+    try {
+      model->add(makeModule(specs[i], storedValues));
+    } catch (const InvalidArgument& e) {
+      in.fail(makeString("layer ", i, " (", specs[i].type, ") cannot be rebuilt: ", e.what()));
+    }
+  }
   std::vector<std::pair<std::string, Parameter*>> expected;
   for (size_t i = 0; i < model->size(); ++i) {
     for (Parameter* p : model->at(i)->parameters()) expected.emplace_back(makeString(i, ".", p->name), p);
   }
-  if (ntensors != expected.size()) {
-    in.fail(makeString("the architecture has ", expected.size(), " parameter tensors but the file stores ", ntensors));
+  if (stored.size() != expected.size()) {
+    in.fail(makeString("the architecture has ", expected.size(), " parameter tensors but the file stores ", stored.size()));
   }
-  for (const auto& [name, param] : expected) {
-    std::string stored = in.str();
-    if (stored != name) in.fail(makeString("expected tensor '", name, "', found '", stored, "'"));
-    Tensor t = in.tensor();
+  for (size_t k = 0; k < expected.size(); ++k) {
+    const auto& [name, param] = expected[k];
+    const auto& [storedName, t] = stored[k];
+    if (storedName != name) in.fail(makeString("expected tensor '", name, "', found '", storedName, "'"));
     if (t.dtype() != param->value.dtype() || t.shape() != param->value.shape()) {
       in.fail(makeString("tensor '", name, "' is ", dtypeName(t.dtype()), " ", shapeString(t.shape()), ", expected ",
                          dtypeName(param->value.dtype()), " ", shapeString(param->value.shape())));

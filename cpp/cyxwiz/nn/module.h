@@ -62,8 +62,10 @@ class Module {
   bool needInputGrad_ = true;
 };
 
-// Builds a module from its stored spec (model files). Throws FileFormatError for an unknown type.
-std::shared_ptr<Module> makeModule(const ModuleSpec& spec);
+// Builds a module from its stored spec (model files). Throws InvalidArgument for an unknown type, bad
+// attributes, or a layer that would hold more than `maxParameters` values (>= 0): a file must not make
+// the loader allocate more than the data it actually stores.
+std::shared_ptr<Module> makeModule(const ModuleSpec& spec, int64_t maxParameters = -1);
 
 // Requires a 2-D float32 (batch, features) tensor; `who` names the caller in the message.
 void requireMatrix(const Tensor& t, const std::string& who, int64_t features = -1);

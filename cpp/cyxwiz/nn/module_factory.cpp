@@ -30,21 +30,27 @@ int64_t intAttr(const ModuleSpec& spec, const std::string& key) {
 
 }  // namespace
 
-std::shared_ptr<Module> makeModule(const ModuleSpec& spec) {
-  static const std::map<std::string, std::function<std::shared_ptr<Module>(const ModuleSpec&)>> makers = {
-      {"LinearModule", [](const ModuleSpec& s) {
-         return std::make_shared<LinearModule>(intAttr(s, "in_features"), intAttr(s, "out_features"), attr(s, "bias") != 0.0);
+std::shared_ptr<Module> makeModule(const ModuleSpec& spec, int64_t maxParameters) {
+  using Maker = std::function<std::shared_ptr<Module>(const ModuleSpec&, int64_t)>;
+  static const std::map<std::string, Maker> makers = {
+      {"LinearModule", [](const ModuleSpec& s, int64_t budget) {
+         int64_t in = intAttr(s, "in_features"), out = intAttr(s, "out_features");
+         bool bias = attr(s, "bias") != 0.0;
+         if (budget >= 0 && (in > budget || out > budget || in * out + (bias ? out : 0) > budget)) {
+           throw InvalidArgument(makeString("LinearModule(", in, ", ", out, ") needs more parameters than the file stores (", budget, ")"));
+         }
+         return std::make_shared<LinearModule>(in, out, bias);
        }},
-      {"ReLUModule", [](const ModuleSpec&) { return std::make_shared<ReLUModule>(); }},
-      {"SigmoidModule", [](const ModuleSpec&) { return std::make_shared<SigmoidModule>(); }},
-      {"TanhModule", [](const ModuleSpec&) { return std::make_shared<TanhModule>(); }},
-      {"GELUModule", [](const ModuleSpec&) { return std::make_shared<GELUModule>(); }},
-      {"SoftmaxModule", [](const ModuleSpec&) { return std::make_shared<SoftmaxModule>(); }},
-      {"DropoutModule", [](const ModuleSpec& s) { return std::make_shared<DropoutModule>(attr(s, "p")); }},
+      {"ReLUModule", [](const ModuleSpec&, int64_t) { return std::make_shared<ReLUModule>(); }},
+      {"SigmoidModule", [](const ModuleSpec&, int64_t) { return std::make_shared<SigmoidModule>(); }},
+      {"TanhModule", [](const ModuleSpec&, int64_t) { return std::make_shared<TanhModule>(); }},
+      {"GELUModule", [](const ModuleSpec&, int64_t) { return std::make_shared<GELUModule>(); }},
+      {"SoftmaxModule", [](const ModuleSpec&, int64_t) { return std::make_shared<SoftmaxModule>(); }},
+      {"DropoutModule", [](const ModuleSpec& s, int64_t) { return std::make_shared<DropoutModule>(attr(s, "p")); }},
   };
   auto it = makers.find(spec.type);
   if (it == makers.end()) throw InvalidArgument(makeString("unknown layer type '", spec.type, "'"));
-  return it->second(spec);
+  return it->second(spec, maxParameters);
 }
 
 }  // namespace cyxwiz::nn

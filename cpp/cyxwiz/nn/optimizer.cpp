@@ -27,7 +27,9 @@ void Optimizer::ensureState(const std::vector<Parameter*>& params) {
     return;
   }
   bool same = nslots == 0 || slots_.size() == params.size();
-  for (size_t i = 0; same && nslots && i < params.size(); ++i) same = slots_[i][0].shape() == params[i]->value.shape();
+  for (size_t i = 0; same && nslots && i < params.size(); ++i) {
+    for (const Tensor& buffer : slots_[i]) same = same && buffer.shape() == params[i]->value.shape();
+  }
   CYX_CHECK(same, typeName(), ".step: this optimizer holds state for a different model (", slots_.size(),
             " parameters); use one optimizer per model");
 }
@@ -59,6 +61,7 @@ void Optimizer::loadState(const OptimizerState& state) {
   auto lr = state.scalars.find("lr");
   CYX_CHECK(step != state.scalars.end() && lr != state.scalars.end() && step->second >= 0, typeName(),
             ".load_state_dict: the state has no valid 'step' and 'lr' entries");
+  checkHyperParameter(lr->second >= 0.0, typeName() + ".load_state_dict", "lr", lr->second, "it must be >= 0");
   std::vector<std::string> names = slotNames();
   std::vector<std::vector<Tensor>> slots;
   for (size_t i = 0;; ++i) {
@@ -67,6 +70,8 @@ void Optimizer::loadState(const OptimizerState& state) {
       auto it = state.tensors.find(makeString(name, ".", i));
       if (it == state.tensors.end()) break;
       CYX_CHECK(it->second.dtype() == DType::Float32, typeName(), ".load_state_dict: '", name, ".", i, "' must be float32");
+      CYX_CHECK(buffers.empty() || it->second.shape() == buffers[0].shape(), typeName(), ".load_state_dict: '", name, ".", i,
+                "' has shape ", shapeString(it->second.shape()), " but its sibling buffers have ", shapeString(buffers[0].shape()));
       buffers.push_back(it->second.clone());
     }
     if (buffers.empty() || names.empty()) break;
