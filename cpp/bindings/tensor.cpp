@@ -35,6 +35,9 @@ converted once); ``numpy.asarray(t)`` and ``t.numpy()`` return views, not copies
 
   m.def("manual_seed", [](uint64_t seed) { cyxwiz::manualSeed(seed); }, py::arg("seed"),
         "Seed the engine's random stream (weight initialisation, dropout masks).");
+  m.def("get_rng_state", []() { return py::bytes(cyxwiz::generatorState()); },
+        "The engine's random stream state, for checkpoints: restore it with set_rng_state.");
+  m.def("set_rng_state", [](const py::bytes& state) { cyxwiz::setGeneratorState(state); }, py::arg("state"));
   m.def("set_num_threads", &cyxwiz::blas::setNumThreads, py::arg("n"),
         "Number of BLAS threads for matrix products in this process.");
   m.def("get_num_threads", &cyxwiz::blas::numThreads, "Number of BLAS threads in this process.");

@@ -37,8 +37,10 @@ from ._core import (  # noqa: F401
     accuracy,
     build_info,
     get_num_threads,
+    get_rng_state,
     manual_seed,
     set_num_threads,
+    set_rng_state,
 )
 from ._core import _configure_threads
 

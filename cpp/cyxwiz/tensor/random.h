@@ -4,12 +4,17 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 
 namespace cyxwiz {
 
 std::mt19937_64& globalGenerator();
 void manualSeed(uint64_t seed);
 uint64_t defaultSeed();
+// The generator's full state as text (checkpoints save it so a resumed run draws the same numbers).
+std::string generatorState();
+// Restores a state from generatorState(); throws InvalidArgument for anything else.
+void setGeneratorState(const std::string& state);
 
 // Uniform float in [0, 1) from the top 24 bits of one draw (exact in float32, portable).
 inline float uniform01(std::mt19937_64& gen) { return static_cast<float>(gen() >> 40) * (1.0f / 16777216.0f); }
