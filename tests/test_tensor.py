@@ -637,3 +637,15 @@ def test_set_rng_state_rejects_garbage(bad):
     with pytest.raises(ValueError, match="get_rng_state"):
         cx.set_rng_state(bad)
     assert cx.get_rng_state() == state  # unchanged
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_tensor_exports_the_buffer_protocol_without_copying(dtype):
+    a = np.arange(12, dtype=dtype).reshape(3, 4)
+    t = cx.Tensor(a)
+    view = memoryview(t)
+    assert view.shape == (3, 4) and view.itemsize == np.dtype(dtype).itemsize
+    b = np.frombuffer(view, dtype=np.dtype(view.format)).reshape(view.shape)
+    assert np.shares_memory(a, b)
+    a[1, 2] = 99
+    assert b[1, 2] == 99

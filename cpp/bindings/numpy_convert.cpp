@@ -103,6 +103,16 @@ Tensor fromNumpyAnyDtype(py::handle obj, const char* what) {
   return floatTensor(arr, what);
 }
 
+std::string bufferFormat(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return py::format_descriptor<float>::format();
+    case DType::Float64: return py::format_descriptor<double>::format();
+    case DType::Int32: return py::format_descriptor<int32_t>::format();
+    case DType::Int64: return py::format_descriptor<int64_t>::format();
+  }
+  throw InvalidArgument("unknown dtype");
+}
+
 py::object toNumpy(const Tensor& t) {
   if (!t.defined()) return py::none();
   py::dtype dtype;

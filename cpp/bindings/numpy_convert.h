@@ -19,5 +19,7 @@ Tensor targetTensor(py::handle obj, const char* what);
 // A numpy array over the tensor's storage (writable view; keeps the storage alive). None when undefined.
 py::object toNumpy(const Tensor& t);
 Tensor fromNumpyAnyDtype(py::handle obj, const char* what);
+// The buffer-protocol format character of a dtype ("f", "d", ...).
+std::string bufferFormat(DType dtype);
 
 }  // namespace cyxwiz::bindings

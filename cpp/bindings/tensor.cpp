@@ -13,12 +13,18 @@ using cyxwiz::Tensor;
 using cyxwiz::bindings::toNumpy;
 
 void init_tensor(py::module_& m) {
-  py::class_<Tensor>(m, "Tensor", R"pbdoc(
+  py::class_<Tensor>(m, "Tensor", py::buffer_protocol(), R"pbdoc(
 A contiguous n-dimensional array owned by the engine (float32, float64, int32 or int64).
 
 ``cx.Tensor(array)`` wraps a C-contiguous numpy array without copying (other layouts are
-converted once); ``numpy.asarray(t)`` and ``t.numpy()`` return views, not copies.
+converted once); ``numpy.asarray(t)``, ``memoryview(t)`` and ``t.numpy()`` are views, not copies.
 )pbdoc")
+      .def_buffer([](Tensor& t) {
+        const auto item = static_cast<py::ssize_t>(cyxwiz::itemSize(t.dtype()));
+        std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
+        return py::buffer_info(t.rawData(), item, cyxwiz::bindings::bufferFormat(t.dtype()),
+                               static_cast<py::ssize_t>(shape.size()), shape, py::detail::c_strides(shape, item));
+      })
       .def(py::init([](py::handle array) { return cyxwiz::bindings::fromNumpyAnyDtype(array, "Tensor"); }), py::arg("array"))
       .def_property_readonly("shape", [](const Tensor& t) { return py::tuple(py::cast(t.shape())); })
       .def_property_readonly("dtype", [](const Tensor& t) { return cyxwiz::dtypeName(t.dtype()); })
