@@ -14,10 +14,9 @@ using cyxwiz::bindings::toNumpy;
 
 namespace {
 
-// CrossEntropy takes class indices or rows; MSE takes values of the output's shape.
 Tensor lossTarget(Loss& loss, py::handle target) {
-  if (dynamic_cast<MSELoss*>(&loss)) return floatTensor(target, "MSELoss target");
-  return targetTensor(target, (loss.typeName() + " target").c_str());
+  std::string what = loss.typeName() + " target";
+  return loss.takesClassIndices() ? targetTensor(target, what.c_str()) : floatTensor(target, what.c_str());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ class CrossEntropyLoss : public Loss {
   double forward(const Tensor& output, const Tensor& target) override;
   // (softmax(x) * sum_c p_c - p) / rows
   Tensor backward(const Tensor& output, const Tensor& target) override;
+  bool takesClassIndices() const override { return true; }
 };
 
 }  // namespace cyxwiz::nn

@@ -16,6 +16,9 @@ class Loss {
   virtual std::string typeName() const = 0;
   virtual double forward(const Tensor& output, const Tensor& target) = 0;
   virtual Tensor backward(const Tensor& output, const Tensor& target) = 0;
+  // True when a 1-D target means class indices (CrossEntropyLoss), false when targets are values
+  // of the output's shape (MSELoss): the bindings convert targets accordingly.
+  virtual bool takesClassIndices() const = 0;
 };
 
 // Fraction of rows whose argmax equals the class index (or the target row's argmax).

@@ -11,6 +11,7 @@ class MSELoss : public Loss {
   std::string typeName() const override { return "MSELoss"; }
   double forward(const Tensor& output, const Tensor& target) override;
   Tensor backward(const Tensor& output, const Tensor& target) override;
+  bool takesClassIndices() const override { return false; }
 };
 
 }  // namespace cyxwiz::nn
