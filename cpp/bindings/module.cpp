@@ -12,6 +12,7 @@ void init_nn(py::module_& m);
 void init_losses(py::module_& m);
 void init_optim(py::module_& m);
 void init_info(py::module_& m);
+void init_distributed(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "pycyxwiz C++ core (private; use `import pycyxwiz as cx`)";
@@ -42,4 +43,5 @@ PYBIND11_MODULE(_core, m) {
   init_losses(m);
   init_optim(m);
   init_info(m);
+  init_distributed(m);
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "cyxwiz/common/error.h"
 
@@ -101,6 +102,64 @@ Tensor fromNumpyAnyDtype(py::handle obj, const char* what) {
   if (dt.is(py::dtype::of<int32_t>())) return wrap(py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(arr));
   if (dt.is(py::dtype::of<int64_t>())) return wrap(py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr));
   return floatTensor(arr, what);
+}
+
+namespace {
+
+std::optional<DType> collectiveDType(const py::dtype& dt) {
+  if (dt.is(py::dtype::of<float>())) return DType::Float32;
+  if (dt.is(py::dtype::of<double>())) return DType::Float64;
+  if (dt.is(py::dtype::of<int32_t>())) return DType::Int32;
+  if (dt.is(py::dtype::of<int64_t>())) return DType::Int64;
+  return std::nullopt;
+}
+
+py::array collectiveArray(py::handle obj, const char* what) {
+  if (!py::isinstance<py::array>(obj)) {
+    throw TypeMismatch(makeString(what, ": expected a numpy array, got ", std::string(py::str(py::type::of(obj).attr("__name__"))),
+                                  "; pass numpy.asarray(x, dtype=numpy.float32)"));
+  }
+  py::array arr = py::reinterpret_borrow<py::array>(obj);
+  if (!collectiveDType(arr.dtype())) {
+    throw TypeMismatch(makeString(what, ": dtype ", std::string(py::str(arr.dtype())),
+                                  " is not supported: use float32, float64, int32 or int64 (x.astype(numpy.float32))"));
+  }
+  return arr;
+}
+
+}  // namespace
+
+Tensor inplaceTensor(py::handle obj, const char* what) {
+  if (py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();
+  py::array arr = collectiveArray(obj, what);
+  if (!(arr.flags() & py::array::c_style)) {
+    throw InvalidArgument(makeString(what, ": the array is not C-contiguous, so it cannot be updated in place: use "
+                                     "a = numpy.ascontiguousarray(a), then copy the result back if needed"));
+  }
+  if (!arr.writeable()) throw InvalidArgument(makeString(what, ": the array is read-only; pass a writable copy (a.copy())"));
+  Shape shape = shapeOf(arr);
+  return Tensor::fromExternal(arr.mutable_data(), shape, *collectiveDType(arr.dtype()), pythonOwner(arr));
+}
+
+Tensor inputTensor(py::handle obj, const char* what) {
+  if (py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();
+  py::array arr = collectiveArray(obj, what);
+  if (!(arr.flags() & py::array::c_style)) arr = py::module_::import("numpy").attr("ascontiguousarray")(arr);
+  Shape shape = shapeOf(arr);
+  return Tensor::fromExternal(const_cast<void*>(arr.data()), shape, *collectiveDType(arr.dtype()), pythonOwner(arr));
+}
+
+std::pair<py::array, Tensor> newArray(const std::vector<py::ssize_t>& shape, DType dtype) {
+  py::dtype dt;
+  switch (dtype) {
+    case DType::Float32: dt = py::dtype::of<float>(); break;
+    case DType::Float64: dt = py::dtype::of<double>(); break;
+    case DType::Int32: dt = py::dtype::of<int32_t>(); break;
+    case DType::Int64: dt = py::dtype::of<int64_t>(); break;
+  }
+  py::array arr(dt, shape);
+  Shape s(shape.begin(), shape.end());
+  return {arr, Tensor::fromExternal(arr.mutable_data(), s, dtype, pythonOwner(arr))};
 }
 
 std::string bufferFormat(DType dtype) {

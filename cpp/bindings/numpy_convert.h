@@ -19,6 +19,13 @@ Tensor targetTensor(py::handle obj, const char* what);
 // A numpy array over the tensor's storage (writable view; keeps the storage alive). None when undefined.
 py::object toNumpy(const Tensor& t);
 Tensor fromNumpyAnyDtype(py::handle obj, const char* what);
+// An array a collective may write into: a numpy array (or cx.Tensor) of float32/float64/int32/int64,
+// C-contiguous and writable, wrapped without a copy. TypeError/ValueError that say how to fix it.
+Tensor inplaceTensor(py::handle obj, const char* what);
+// A read-only collective input: as inplaceTensor, but non-contiguous arrays are copied once.
+Tensor inputTensor(py::handle obj, const char* what);
+// A new numpy array of `shape` and the tensor dtype, and a Tensor over it.
+std::pair<py::array, Tensor> newArray(const std::vector<py::ssize_t>& shape, DType dtype);
 // The buffer-protocol format character of a dtype ("f", "d", ...).
 std::string bufferFormat(DType dtype);
 

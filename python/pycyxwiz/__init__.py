@@ -43,5 +43,6 @@ from ._core import (  # noqa: F401
     set_rng_state,
 )
 from ._core import _configure_threads
+from . import distributed  # noqa: F401,E402
 
 _configure_threads()  # BLAS threads: see docs/engine.md "Threads and randomness"

@@ -41,6 +41,36 @@ class IoError : public Error {
   int errno_;
 };
 
+// Distributed errors. Python: pycyxwiz.distributed.DistError (RuntimeError) and the subclasses below.
+class DistError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A peer closed or reset its connection, or could not be reached. Python: DistNetworkError (ConnectionError).
+class NetworkError : public DistError {
+ public:
+  using DistError::DistError;
+};
+
+// A peer went silent past the timeout. Python: DistTimeoutError (TimeoutError).
+class TimeoutError : public DistError {
+ public:
+  using DistError::DistError;
+};
+
+// The rendezvous store refused or lost a request. Python: DistStoreError.
+class StoreError : public DistError {
+ public:
+  using DistError::DistError;
+};
+
+// A collective could not run as called (ranks disagree on it, unsupported op). Python: DistBackendError.
+class BackendError : public DistError {
+ public:
+  using DistError::DistError;
+};
+
 template <typename... Args>
 std::string makeString(const Args&... args) {
   std::ostringstream out;

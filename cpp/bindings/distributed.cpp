@@ -1,0 +1,203 @@
+// pycyxwiz._core.distributed: init/finalize, DistributedConfig, collectives on numpy arrays, Work,
+// and the DistError family. Conversions and GIL handling only; the logic lives in cyxwiz/comm.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <optional>
+
+#include "cyxwiz/comm/process_group.h"
+#include "cyxwiz/common/error.h"
+#include "numpy_convert.h"
+
+namespace py = pybind11;
+using namespace cyxwiz;
+using namespace cyxwiz::comm;
+using cyxwiz::bindings::inplaceTensor;
+using cyxwiz::bindings::inputTensor;
+using cyxwiz::bindings::newArray;
+
+namespace {
+
+// A Work and what the collective hands back when it is done (gathered arrays, a part).
+struct PyWork {
+  std::shared_ptr<Work> work;
+  py::object result = py::none();
+
+  // Waits with the GIL released, waking every 100 ms so that Ctrl-C is not held up.
+  bool wait(std::optional<double> timeoutSeconds) {
+    auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      auto slice = std::chrono::milliseconds(100);
+      if (timeoutSeconds) {
+        auto left = std::chrono::duration<double>(*timeoutSeconds) - (std::chrono::steady_clock::now() - start);
+        if (left <= std::chrono::duration<double>(0)) {
+          throw cyxwiz::TimeoutError(makeString(work->description(), ": Work.wait: not completed within ", *timeoutSeconds,
+                                                " s (it is still running; wait again, or raise the timeout)"));
+        }
+        slice = std::min(slice, std::chrono::duration_cast<std::chrono::milliseconds>(left) + std::chrono::milliseconds(1));
+      }
+      bool done;
+      {
+        py::gil_scoped_release release;
+        done = work->waitFor(slice);
+      }
+      if (done) return true;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+};
+
+py::object finish(std::shared_ptr<Work> work, bool async, py::object result) {
+  PyWork w{std::move(work), std::move(result)};
+  if (async) return py::cast(std::move(w));
+  w.wait(std::nullopt);
+  return w.result;
+}
+
+template <typename F>
+std::shared_ptr<Work> released(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
+void registerExceptions(py::module_& d) {
+  auto make = [&](const char* name, py::handle bases, const char* doc) {
+    std::string full = std::string("pycyxwiz.distributed.") + name;
+    PyObject* type = PyErr_NewExceptionWithDoc(full.c_str(), doc, bases.ptr(), nullptr);
+    if (type == nullptr) throw py::error_already_set();
+    py::object cls = py::reinterpret_steal<py::object>(type);
+    d.attr(name) = cls;
+    return cls;
+  };
+  static py::object distError = make("DistError", PyExc_RuntimeError, "A distributed operation failed.");
+  static py::object networkError = make("DistNetworkError", py::make_tuple(distError, py::handle(PyExc_ConnectionError)),
+                                        "A peer closed or reset its connection, or could not be reached.");
+  static py::object timeoutError = make("DistTimeoutError", py::make_tuple(distError, py::handle(PyExc_TimeoutError)),
+                                        "A peer went silent past DISTRIBUTED_TIMEOUT_MS.");
+  static py::object storeError = make("DistStoreError", py::make_tuple(distError), "The rendezvous refused or lost a request.");
+  static py::object backendError = make("DistBackendError", py::make_tuple(distError),
+                                        "A collective could not run as called (ranks disagree on it; a backend this build lacks).");
+  // Registered after the module-wide translator, so tried before it.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const cyxwiz::NetworkError& e) {
+      PyErr_SetString(networkError.ptr(), e.what());
+    } catch (const cyxwiz::TimeoutError& e) {
+      PyErr_SetString(timeoutError.ptr(), e.what());
+    } catch (const cyxwiz::StoreError& e) {
+      PyErr_SetString(storeError.ptr(), e.what());
+    } catch (const cyxwiz::BackendError& e) {
+      PyErr_SetString(backendError.ptr(), e.what());
+    } catch (const cyxwiz::DistError& e) {
+      PyErr_SetString(distError.ptr(), e.what());
+    }
+  });
+}
+
+std::vector<py::ssize_t> shapeOf(const Tensor& t) { return std::vector<py::ssize_t>(t.shape().begin(), t.shape().end()); }
+
+}  // namespace
+
+void init_distributed(py::module_& m) {
+  py::module_ d = m.def_submodule("distributed", "Data-parallel communication: init, collectives, errors.");
+  registerExceptions(d);
+
+  py::enum_<BackendType>(d, "BackendType", "Which backend carries the collectives.")
+      .value("CPU", BackendType::CPU, "TCP ring all-reduce between processes (any platform)")
+      .value("NCCL", BackendType::NCCL, "NVIDIA NCCL between GPUs (CUDA builds)");
+
+  py::enum_<ReduceOp>(d, "ReduceOp", "How all_reduce / reduce_scatter combine the ranks' values.")
+      .value("SUM", ReduceOp::Sum)
+      .value("AVG", ReduceOp::Avg)
+      .value("MAX", ReduceOp::Max)
+      .value("MIN", ReduceOp::Min)
+      .value("PRODUCT", ReduceOp::Product);
+
+  py::class_<DistributedConfig>(d, "DistributedConfig", R"doc(Who this process is in the job and how to reach rank 0.
+
+DistributedConfig() is a world of one; DistributedConfig.from_environment() reads RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT, DISTRIBUTED_BACKEND, DISTRIBUTED_TIMEOUT_MS (and the variables
+of torchrun, Slurm, Open MPI and MPICH).)doc")
+      .def(py::init<>())
+      .def_readwrite("rank", &DistributedConfig::rank)
+      .def_readwrite("world_size", &DistributedConfig::worldSize)
+      .def_readwrite("local_rank", &DistributedConfig::localRank)
+      .def_readwrite("master_addr", &DistributedConfig::masterAddr)
+      .def_readwrite("master_port", &DistributedConfig::masterPort)
+      .def_readwrite("backend", &DistributedConfig::backend)
+      .def_readwrite("timeout_ms", &DistributedConfig::timeoutMs)
+      .def_readwrite("job_id", &DistributedConfig::jobId)
+      .def_readonly("source", &DistributedConfig::source)
+      .def_static("from_environment", &DistributedConfig::fromEnvironment)
+      .def("__repr__", [](const DistributedConfig& c) { return "DistributedConfig(" + c.describe() + ")"; });
+
+  py::class_<PyWork>(d, "Work", "A collective started with async_op=True.")
+      .def("wait", &PyWork::wait, py::arg("timeout") = py::none(),
+           "Block until done (raising its error); DistTimeoutError if `timeout` seconds pass first. Returns True.")
+      .def("is_completed", [](const PyWork& w) { return w.work->isCompleted(); })
+      .def("is_success", [](const PyWork& w) { return w.work->isSuccess(); })
+      .def("result", [](PyWork& w) {
+        w.wait(std::nullopt);
+        return w.result;
+      }, "Wait, then return what the collective produces (all_gather: list of arrays; reduce_scatter: this rank's part).")
+      .def("__repr__", [](const PyWork& w) {
+        return "<Work " + w.work->description() + (w.work->isCompleted() ? " completed>" : " pending>");
+      });
+
+  d.def("init", [](std::optional<DistributedConfig> config) {
+    DistributedConfig c = config ? *config : DistributedConfig::fromEnvironment();
+    py::gil_scoped_release release;
+    init(c);
+  }, py::arg("config") = py::none(), "Join the job: from the environment, or from an explicit DistributedConfig.");
+  d.def("finalize", &finalize, py::call_guard<py::gil_scoped_release>(), "Leave the job (idempotent).");
+  d.def("is_initialized", &isInitialized);
+  d.def("get_rank", [] { return currentConfig("get_rank").rank; });
+  d.def("get_world_size", [] { return currentConfig("get_world_size").worldSize; });
+  d.def("get_local_rank", [] { return currentConfig("get_local_rank").localRank; });
+  d.def("is_master", [] { return currentConfig("is_master").rank == 0; });
+  d.def("get_config", [] { return currentConfig("get_config"); }, "The DistributedConfig of the current job.");
+  d.def("get_backend", [] { return backend("get_backend")->name(); });
+
+  d.def("all_reduce", [](py::object array, ReduceOp op, bool async) {
+    Tensor t = inplaceTensor(array, "all_reduce");
+    auto b = backend("all_reduce");
+    return finish(released([&] { return b->allReduce(t, op, async); }), async, py::none());
+  }, py::arg("array"), py::arg("op") = ReduceOp::Sum, py::arg("async_op") = false,
+     "Combine `array` across ranks, in place.");
+
+  d.def("broadcast", [](py::object array, int src, bool async) {
+    Tensor t = inplaceTensor(array, "broadcast");
+    auto b = backend("broadcast");
+    return finish(released([&] { return b->broadcast(t, src, async); }), async, py::none());
+  }, py::arg("array"), py::arg("src") = 0, py::arg("async_op") = false, "Copy rank `src`'s array into every rank's, in place.");
+
+  d.def("all_gather", [](py::object array, bool async) {
+    Tensor in = inputTensor(array, "all_gather");
+    auto b = backend("all_gather");
+    std::vector<py::ssize_t> shape = shapeOf(in);
+    shape.insert(shape.begin(), b->worldSize());
+    auto [out, outTensor] = newArray(shape, in.dtype());
+    py::list parts;
+    for (int r = 0; r < b->worldSize(); ++r) parts.append(out[py::int_(r)]);
+    return finish(released([&] { return b->allGather(in, outTensor, async); }), async, parts);
+  }, py::arg("array"), py::arg("async_op") = false, "Every rank's array, as a list indexed by rank.");
+
+  d.def("reduce_scatter", [](py::object array, ReduceOp op, bool async) {
+    Tensor in = inputTensor(array, "reduce_scatter");
+    auto b = backend("reduce_scatter");
+    int n = b->worldSize(), r = b->rank();
+    auto count = static_cast<py::ssize_t>(in.numel());
+    py::ssize_t part = count / n + (r < count % n ? 1 : 0);
+    auto [out, outTensor] = newArray({part}, in.dtype());
+    return finish(released([&] { return b->reduceScatter(in, outTensor, op, async); }), async, out);
+  }, py::arg("array"), py::arg("op") = ReduceOp::Sum, py::arg("async_op") = false,
+     "Combine across ranks and return this rank's part: numpy.array_split(result.ravel(), world_size)[rank].");
+
+  d.def("barrier", [](bool async) {
+    auto b = backend("barrier");
+    return finish(released([&] { return b->barrier(async); }), async, py::none());
+  }, py::arg("async_op") = false, "Wait until every rank has called barrier().");
+}

@@ -1,0 +1,44 @@
+// Backend: one virtual per collective, as every transport sees them. A backend overrides what it
+// supports; the defaults fail with "<backend> does not support <collective>".
+//
+// Contract: every rank issues the same collectives in the same order (the CPU backend checks it).
+// Each call returns a Work; the tensors must stay alive and untouched until it is done. With
+// async=false the backend may run the collective on the caller's thread and return it completed.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cyxwiz/comm/config.h"
+#include "cyxwiz/comm/types.h"
+#include "cyxwiz/comm/work.h"
+#include "cyxwiz/tensor/tensor.h"
+
+namespace cyxwiz::comm {
+
+class Backend {
+ public:
+  explicit Backend(const DistributedConfig& config) : config_(config) {}
+  virtual ~Backend();
+
+  virtual std::string name() const = 0;
+  int rank() const { return config_.rank; }
+  int worldSize() const { return config_.worldSize; }
+  const DistributedConfig& config() const { return config_; }
+
+  virtual std::shared_ptr<Work> allReduce(const Tensor& data, ReduceOp op, bool async);
+  virtual std::shared_ptr<Work> broadcast(const Tensor& data, int src, bool async);
+  // out: worldSize x in.numel() elements, rank r's input at block r.
+  virtual std::shared_ptr<Work> allGather(const Tensor& in, const Tensor& out, bool async);
+  // out: this rank's part of the reduced input (parts as numpy.array_split makes them).
+  virtual std::shared_ptr<Work> reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async);
+  virtual std::shared_ptr<Work> barrier(bool async);
+  // Waits for queued work, says goodbye to the job, closes connections. Idempotent.
+  virtual void shutdown() = 0;
+
+ protected:
+  [[noreturn]] void unsupported(const char* collective) const;
+  DistributedConfig config_;
+};
+
+}  // namespace cyxwiz::comm

@@ -1,0 +1,45 @@
+// DistributedConfig: who this process is in the job and how to reach rank 0.
+//
+// fromEnvironment() reads, in order of precedence: explicit RANK/WORLD_SIZE (also what torchrun
+// sets), Slurm (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, master host from SLURM_JOB_NODELIST),
+// Open MPI (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK) and MPICH/Intel MPI (PMI_RANK/PMI_SIZE). With none
+// of them it describes a world of one, so `python train.py` works unchanged.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace cyxwiz::comm {
+
+enum class BackendType { CPU, NCCL };
+
+const char* backendName(BackendType b);
+
+struct DistributedConfig {
+  static constexpr int kDefaultPort = 29500;
+  static constexpr int64_t kDefaultTimeoutMs = 30000;
+
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = kDefaultPort;
+  BackendType backend = BackendType::CPU;
+  int64_t timeoutMs = kDefaultTimeoutMs;
+  // Ranks of one job must agree on it; a connection from another job is refused. From CYXWIZ_JOB_ID
+  // (set by our launcher), TORCHELASTIC_RUN_ID, SLURM_JOB_ID.SLURM_STEP_ID or Open MPI's job id.
+  std::string jobId;
+  // Where rank and world size came from: "RANK/WORLD_SIZE", "Slurm", "Open MPI", "MPICH", "default".
+  std::string source = "default";
+
+  // Raises InvalidArgument naming the variable (and what was expected) for any bad or partial value.
+  static DistributedConfig fromEnvironment();
+  // Checks an explicit config before init uses it; messages name the field.
+  void validate() const;
+  std::string describe() const;  // "rank 1/4 (local 1), master 127.0.0.1:29500, cpu, timeout 30000 ms"
+};
+
+// First host of a Slurm node list: "gpu[03-05,9],cpu1" -> "gpu03". Empty for an empty list.
+std::string firstSlurmHost(const std::string& nodeList);
+
+}  // namespace cyxwiz::comm

@@ -1,0 +1,198 @@
+#include "cyxwiz/comm/cpu/cpu_backend.h"
+
+#include <algorithm>
+
+#include "cyxwiz/comm/cpu/duplex.h"
+#include "cyxwiz/comm/cpu/rendezvous.h"
+#include "cyxwiz/comm/cpu/ring.h"
+#include "cyxwiz/comm/reduce.h"
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
+
+namespace cyxwiz::comm {
+
+namespace {
+
+wire::ErrorKind kindOf(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const TimeoutError&) {
+    return wire::ErrorKind::Timeout;
+  } catch (const NetworkError&) {
+    return wire::ErrorKind::Network;
+  } catch (...) {
+    return wire::ErrorKind::Backend;
+  }
+}
+
+std::string messageOf(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+CallSignature signature(Collective c, const Tensor& t, ReduceOp op = ReduceOp::Sum, int root = 0) {
+  CallSignature s;
+  s.collective = c;
+  s.op = op;
+  s.dtype = t.defined() ? t.dtype() : DType::Float32;
+  s.count = t.defined() ? static_cast<uint64_t>(t.numel()) : 0;
+  s.root = static_cast<uint32_t>(root);
+  return s;
+}
+
+void requireCpu(const Tensor& t, const char* what) {
+  CYX_CHECK(t.defined(), what, ": no array given");
+  CYX_CHECK(t.device().type == DeviceType::CPU, what, ": the cpu backend needs host memory");
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config) {
+  if (config.worldSize > 1) {
+    Deadline deadline = deadlineAfterMs(config.timeoutMs);
+    if (config.rank == 0) server_ = std::make_unique<StoreServer>(config.masterPort, jobIdentityOf(config), std::min<int64_t>(config.timeoutMs, 10000));
+    store_ = std::make_unique<TcpStore>(config, deadline);
+    monitor_ = std::make_unique<Monitor>(config, deadline);
+    RingLinks links = connectRing(config, *store_, store_->localIp(), deadline);
+    left_ = std::move(links.left);
+    right_ = std::move(links.right);
+  }
+  worker_ = std::thread([this] { workerLoop(); });
+  // Every rank leaves init only once the whole ring has carried a message.
+  try {
+    barrier(false)->wait();
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+  logDebug(makeString("init: connected: ", config.describe()));
+}
+
+CpuBackend::~CpuBackend() { shutdown(); }
+
+std::shared_ptr<Work> CpuBackend::submit(CallSignature call, bool async, std::function<void(Ring&)> body) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (broken_) std::rethrow_exception(broken_);
+  if (closed_) throw DistError(makeString(rankPrefix(), collectiveName(call.collective), ": the process group was finalized; call init() again first"));
+  call.sequence = ++sequence_;
+  Task task{call, std::move(body), std::make_shared<Work>(rankPrefix() + call.describe())};
+  auto work = task.work;
+  if (async) {
+    queue_.push_back(std::move(task));
+    changed_.notify_all();
+    return work;
+  }
+  // Work issued earlier runs first; then this call runs here, with no hand-off to another thread.
+  changed_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  busy_ = true;
+  lock.unlock();
+  execute(task);
+  lock.lock();
+  busy_ = false;
+  changed_.notify_all();
+  return work;
+}
+
+void CpuBackend::execute(Task& task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_) return task.work->finish(broken_);
+  }
+  try {
+    Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, task.work->description());
+    Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call);
+    task.body(ring);
+    task.work->finish();
+  } catch (...) {
+    std::exception_ptr error = std::current_exception();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      broken_ = error;
+    }
+    // Tell the job first, so that every rank stops with this cause rather than a lost connection.
+    if (monitor_) monitor_->report(kindOf(error), messageOf(error));
+    left_.socket.close();
+    right_.socket.close();
+    task.work->finish(error);
+  }
+}
+
+void CpuBackend::workerLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [this] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !busy_); });
+    if (queue_.empty()) return;
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    execute(task);
+    lock.lock();
+    busy_ = false;
+    changed_.notify_all();
+  }
+}
+
+void CpuBackend::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
+    closed_ = true;
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (worker_.joinable()) worker_.join();  // queued collectives finish (each within the timeout)
+  if (monitor_) monitor_->goodbye();
+  left_.socket.close();
+  right_.socket.close();
+  store_.reset();
+  if (server_) server_->stop();
+}
+
+std::shared_ptr<Work> CpuBackend::allReduce(const Tensor& data, ReduceOp op, bool async) {
+  requireCpu(data, "all_reduce");
+  checkReduceOp(op, data.dtype());
+  return submit(signature(Collective::AllReduce, data, op), async, [data, op](Ring& ring) {
+    ring.allReduce(data.rawData(), static_cast<size_t>(data.numel()), data.dtype(), op);
+  });
+}
+
+std::shared_ptr<Work> CpuBackend::broadcast(const Tensor& data, int src, bool async) {
+  requireCpu(data, "broadcast");
+  CYX_CHECK(src >= 0 && src < config_.worldSize, "broadcast: src=", src, " is not a rank: expected 0..", config_.worldSize - 1);
+  return submit(signature(Collective::Broadcast, data, ReduceOp::Sum, src), async,
+                [data, src](Ring& ring) { ring.broadcast(data.rawData(), data.nbytes(), src); });
+}
+
+std::shared_ptr<Work> CpuBackend::allGather(const Tensor& in, const Tensor& out, bool async) {
+  requireCpu(in, "all_gather");
+  requireCpu(out, "all_gather");
+  CYX_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * config_.worldSize,
+            "all_gather: the output must hold world_size x ", in.numel(), " elements of ", dtypeName(in.dtype()));
+  return submit(signature(Collective::AllGather, in), async,
+                [in, out](Ring& ring) { ring.allGather(in.rawData(), out.rawData(), in.nbytes()); });
+}
+
+std::shared_ptr<Work> CpuBackend::reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+  requireCpu(in, "reduce_scatter");
+  requireCpu(out, "reduce_scatter");
+  checkReduceOp(op, in.dtype());
+  size_t count = static_cast<size_t>(in.numel());
+  size_t part = Ring::partBegin(count, config_.worldSize, config_.rank + 1) - Ring::partBegin(count, config_.worldSize, config_.rank);
+  CYX_CHECK(out.dtype() == in.dtype() && static_cast<size_t>(out.numel()) == part,
+            "reduce_scatter: the output must hold this rank's part, ", part, " elements of ", dtypeName(in.dtype()));
+  return submit(signature(Collective::ReduceScatter, in, op), async, [in, out, op, count](Ring& ring) {
+    ring.reduceScatter(in.rawData(), out.rawData(), count, in.dtype(), op);
+  });
+}
+
+std::shared_ptr<Work> CpuBackend::barrier(bool async) {
+  return submit(signature(Collective::Barrier, Tensor()), async, [](Ring& ring) { ring.barrier(); });
+}
+
+}  // namespace cyxwiz::comm

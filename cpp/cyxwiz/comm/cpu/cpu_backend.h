@@ -1,0 +1,72 @@
+// CpuBackend: collectives over TCP, a ring of connections between the ranks.
+//
+// Construction is the rendezvous: rank 0 serves the store and the job monitor on MASTER_PORT,
+// every rank connects to it, the ranks open their ring links, and a barrier proves the ring works.
+//
+// Collectives run in issue order, one at a time, on a communication thread (async calls) or on the
+// caller's thread when nothing is queued (blocking calls: no thread hand-off on the latency path).
+// Each is bounded by the configured timeout. The first error breaks the backend: it is reported to
+// the job monitor (so every other rank stops too), the ring is closed, and every later call fails
+// at once with that original error.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cyxwiz/comm/backend.h"
+#include "cyxwiz/comm/cpu/pair.h"
+#include "cyxwiz/comm/monitor.h"
+#include "cyxwiz/comm/store_server.h"
+#include "cyxwiz/comm/tcp_store.h"
+
+namespace cyxwiz::comm {
+
+class Ring;
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const DistributedConfig& config);
+  ~CpuBackend() override;
+
+  std::string name() const override { return "cpu"; }
+  std::shared_ptr<Work> allReduce(const Tensor& data, ReduceOp op, bool async) override;
+  std::shared_ptr<Work> broadcast(const Tensor& data, int src, bool async) override;
+  std::shared_ptr<Work> allGather(const Tensor& in, const Tensor& out, bool async) override;
+  std::shared_ptr<Work> reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;
+  std::shared_ptr<Work> barrier(bool async) override;
+  void shutdown() override;
+
+ private:
+  struct Task {
+    CallSignature call;
+    std::function<void(Ring&)> body;
+    std::shared_ptr<Work> work;
+  };
+
+  std::shared_ptr<Work> submit(CallSignature call, bool async, std::function<void(Ring&)> body);
+  void execute(Task& task);
+  void workerLoop();
+
+  std::unique_ptr<StoreServer> server_;  // rank 0 only
+  std::unique_ptr<TcpStore> store_;
+  std::unique_ptr<Monitor> monitor_;
+  Pair left_, right_;
+  std::vector<uint8_t> scratch_;  // receive and gather space, kept between calls
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Task> queue_;
+  bool busy_ = false;      // a task is running (on either thread)
+  bool stopping_ = false;
+  bool closed_ = false;
+  uint64_t sequence_ = 0;
+  std::exception_ptr broken_;
+  std::thread worker_;
+};
+
+}  // namespace cyxwiz::comm

@@ -1,0 +1,169 @@
+#include "cyxwiz/comm/cpu/duplex.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace cyxwiz::comm {
+
+namespace {
+
+constexpr int kMaxIov = 64;
+
+// Progress through a list of buffers.
+class Cursor {
+ public:
+  explicit Cursor(const std::vector<iovec>& v) : v_(v) {
+    for (const auto& e : v) total_ += e.iov_len;
+  }
+  size_t done() const { return done_; }
+  size_t total() const { return total_; }
+  bool finished() const { return done_ == total_; }
+
+  // The buffers covering [done, limit).
+  int fill(iovec* out, size_t limit) const {
+    int n = 0;
+    size_t idx = idx_, off = off_, budget = limit - done_;
+    while (idx < v_.size() && n < kMaxIov && budget > 0) {
+      size_t len = std::min(v_[idx].iov_len - off, budget);
+      if (len > 0) out[n++] = {static_cast<char*>(v_[idx].iov_base) + off, len};
+      budget -= len;
+      ++idx;
+      off = 0;
+    }
+    return n;
+  }
+
+  void advance(size_t k) {
+    done_ += k;
+    while (k > 0 || (idx_ < v_.size() && v_[idx_].iov_len == off_)) {
+      size_t len = v_[idx_].iov_len - off_;
+      if (k < len) {
+        off_ += k;
+        return;
+      }
+      k -= len;
+      ++idx_;
+      off_ = 0;
+    }
+  }
+
+ private:
+  const std::vector<iovec>& v_;
+  size_t total_ = 0, done_ = 0, idx_ = 0, off_ = 0;
+};
+
+bool wouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
+
+}  // namespace
+
+Duplex::Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, std::string what)
+    : left_(left), right_(right), monitor_(monitor), deadline_(deadline), timeoutMs_(timeoutMs), what_(std::move(what)) {}
+
+void Duplex::run(Step& step) {
+  Cursor out(step.send), in(step.recv);
+  const size_t header = step.recvHeaderBytes;
+  bool headerSeen = header == 0;
+  size_t handedOn = 0;  // payload bytes passed to onReceived
+  auto payloadIn = [&] { return in.done() > header ? in.done() - header : 0; };
+  auto sendLimit = [&] { return step.relay ? std::min(out.total(), step.sendHeaderBytes + payloadIn()) : out.total(); };
+  iovec iov[kMaxIov];
+
+  while (!out.finished() || !in.finished()) {
+    bool moved = false;
+    const size_t limit = sendLimit();
+    if (out.done() < limit) {
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = static_cast<size_t>(out.fill(iov, limit));
+      ssize_t k = ::sendmsg(right_->socket.fd(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k > 0) {
+        out.advance(static_cast<size_t>(k));
+        moved = true;
+      } else if (k < 0 && !wouldBlock(errno)) {
+        peerLost(*right_, false, errno, out.done(), out.total());
+      }
+    }
+    if (!in.finished()) {
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = static_cast<size_t>(in.fill(iov, in.total()));
+      ssize_t k = ::recvmsg(left_->socket.fd(), &m, MSG_DONTWAIT);
+      if (k > 0) {
+        in.advance(static_cast<size_t>(k));
+        moved = true;
+        if (!headerSeen && in.done() >= header) {
+          headerSeen = true;
+          if (step.onHeader) step.onHeader();
+        }
+        if (headerSeen && step.onReceived) {
+          size_t ready = in.finished() ? payloadIn() : payloadIn() / step.unit * step.unit;
+          if (ready > handedOn && (ready - handedOn >= step.grain || in.finished())) {
+            step.onReceived(handedOn, ready);
+            handedOn = ready;
+          }
+        }
+      } else if (k == 0) {
+        peerLost(*left_, true, 0, in.done(), in.total());
+      } else if (!wouldBlock(errno)) {
+        peerLost(*left_, true, errno, in.done(), in.total());
+      }
+    }
+    if (moved) continue;
+
+    pollfd fds[3];
+    int n = 0, monitorAt = -1;
+    if (out.done() < sendLimit()) fds[n++] = {right_->socket.fd(), POLLOUT, 0};
+    if (!in.finished()) fds[n++] = {left_->socket.fd(), POLLIN, 0};
+    if (monitor_ != nullptr && monitor_->fd() >= 0) {
+      monitorAt = n;
+      fds[n++] = {monitor_->fd(), POLLIN, 0};
+    }
+    int wait = msUntil(deadline_);
+    int rc = wait > 0 ? ::poll(fds, static_cast<nfds_t>(n), wait) : 0;
+    if (rc == 0) {
+      bool receiving = !in.finished();
+      timedOut(receiving, receiving ? in.done() : out.done(), receiving ? in.total() : out.total());
+    }
+    if (rc > 0 && monitorAt >= 0 && fds[monitorAt].revents != 0) checkMonitor();
+  }
+}
+
+void Duplex::checkMonitor() {
+  if (auto failure = monitor_->read()) {
+    std::string who = failure->origin == 0 && failure->message.rfind("lost the connection to rank 0", 0) == 0
+                          ? std::string("")
+                          : makeString("stopped because rank ", failure->origin, " failed: ");
+    raiseFailure(failure->kind, makeString(what_, ": ", who, failure->message));
+  }
+}
+
+void Duplex::peerLost(const Pair& peer, bool receiving, int err, size_t done, size_t total) {
+  // The monitor usually knows why the peer went away (it died; it failed first): wait a moment for
+  // that, so that every rank reports the same first cause.
+  Deadline grace = std::min(deadline_, Clock::now() + std::chrono::milliseconds(1000));
+  while (monitor_ != nullptr && monitor_->fd() >= 0) {
+    pollfd p{monitor_->fd(), POLLIN, 0};
+    int wait = msUntil(grace);
+    if (wait <= 0 || ::poll(&p, 1, wait) <= 0) break;
+    checkMonitor();
+  }
+  std::string how = err == 0 ? "closed the connection" : "reset the connection (" + errnoString(err) + ")";
+  throw NetworkError(makeString(what_, ": ", peer.name(), " ", how, " while this rank was ",
+                                receiving ? "receiving from it" : "sending to it", " (", done, " of ", total,
+                                " bytes of this step): rank ", peer.rank, " exited, crashed or stopped calling "
+                                "collectives early; every rank must call the same collectives in the same order"));
+}
+
+void Duplex::timedOut(bool receiving, size_t done, size_t total) {
+  const Pair& peer = receiving ? *left_ : *right_;
+  throw TimeoutError(makeString(
+      what_, ": ", receiving ? "no data from " : "no progress sending to ", peer.name(), " within the timeout of ",
+      timeoutMs_, " ms (", done, " of ", total, " bytes of this step): rank ", peer.rank,
+      " is stopped, busy, or waiting on another rank that is; check that every rank calls the same collectives, "
+      "or raise DISTRIBUTED_TIMEOUT_MS"));
+}
+
+}  // namespace cyxwiz::comm

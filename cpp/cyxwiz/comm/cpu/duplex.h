@@ -1,0 +1,57 @@
+// Duplex: one step of a ring algorithm. Bytes go to the right neighbour while bytes come from the
+// left one, both sockets non-blocking under one poll(), so a rank never waits to send before it
+// receives (which would deadlock a ring of full socket buffers). Received bytes are handed on in
+// segments as they arrive, so reducing overlaps the rest of the transfer.
+//
+// The job monitor's socket is polled too: when another rank fails, this step stops at once with
+// that rank's error. Every wait ends at the collective's deadline.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cyxwiz/comm/cpu/pair.h"
+#include "cyxwiz/comm/monitor.h"
+
+namespace cyxwiz::comm {
+
+struct Step {
+  std::vector<iovec> send;  // to the right neighbour, in order
+  std::vector<iovec> recv;  // from the left neighbour, in order
+  // The first recvHeaderBytes of recv go to onHeader as soon as they are complete.
+  size_t recvHeaderBytes = 0;
+  std::function<void()> onHeader;
+  // Payload bytes [begin, end) (offsets after the header) are complete; ranges are whole units.
+  std::function<void(size_t begin, size_t end)> onReceived;
+  size_t unit = 1;
+  size_t grain = 256 * 1024;
+  // Relay (broadcast chain): the payload sent is the payload received, so sending may only run
+  // sendHeaderBytes + (payload received so far) ahead.
+  bool relay = false;
+  size_t sendHeaderBytes = 0;
+};
+
+class Duplex {
+ public:
+  // `what` starts every error message: "[rank 1/4] all_reduce #7 (float32, 1000 elements, SUM)".
+  Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, std::string what);
+  void run(Step& step);
+  const std::string& what() const { return what_; }
+
+ private:
+  [[noreturn]] void peerLost(const Pair& peer, bool receiving, int err, size_t done, size_t total);
+  [[noreturn]] void timedOut(bool receiving, size_t done, size_t total);
+  void checkMonitor();
+
+  Pair* left_;
+  Pair* right_;
+  Monitor* monitor_;
+  Deadline deadline_;
+  int64_t timeoutMs_;
+  std::string what_;
+};
+
+}  // namespace cyxwiz::comm

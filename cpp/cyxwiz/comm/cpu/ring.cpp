@@ -1,0 +1,196 @@
+#include "cyxwiz/comm/cpu/ring.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "cyxwiz/comm/reduce.h"
+#include "cyxwiz/common/error.h"
+
+namespace cyxwiz::comm {
+
+namespace {
+
+iovec span(const void* p, size_t n) { return {const_cast<void*>(p), n}; }
+
+}  // namespace
+
+Ring::Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const CallSignature& call)
+    : rank_(rank), size_(size), io_(io), scratch_(scratch), call_(call) {
+  wire::encodeCall(call_, myHeader_);
+}
+
+size_t Ring::partBegin(size_t count, int parts, int i) {
+  size_t q = count / static_cast<size_t>(parts), r = count % static_cast<size_t>(parts);
+  size_t k = static_cast<size_t>(i);
+  return k * q + std::min(k, r);
+}
+
+void Ring::checkLeftHeader() {
+  CallSignature left;
+  int from = mod(rank_ - 1);
+  if (!wire::decodeCall(leftHeader_, &left)) {
+    throw BackendError(makeString(io_.what(), ": rank ", from, " sent bytes that are not a collective header: "
+                                  "the ranks are out of step (mixed pycyxwiz versions?)"));
+  }
+  if (left != call_) {
+    throw BackendError(makeString(io_.what(), ": mismatch with rank ", from, ", which called ", left.describe(),
+                                  ": every rank must call the same collectives in the same order, with the same "
+                                  "dtype, element count and op"));
+  }
+}
+
+void Ring::step(std::vector<iovec> send, std::vector<iovec> recv, Step&& extra) {
+  Step s = std::move(extra);
+  if (!headerSent_) {
+    // Every rank sends one header to the right and receives one from the left in its first step;
+    // a rank without a payload in that direction still exchanges the header.
+    headerSent_ = true;
+    send.insert(send.begin(), span(myHeader_, sizeof myHeader_));
+    s.sendHeaderBytes = sizeof myHeader_;
+    if (!recv.empty() || !s.relay) {
+      recv.insert(recv.begin(), span(leftHeader_, sizeof leftHeader_));
+      s.recvHeaderBytes = sizeof leftHeader_;
+      s.onHeader = [this] { checkLeftHeader(); };
+    }
+  }
+  s.send = std::move(send);
+  s.recv = std::move(recv);
+  io_.run(s);
+}
+
+void Ring::gatherBlocks(uint8_t* blocks, size_t b) {
+  // Step s: pass on the block that arrived in step s-1 (our own first), receive the next one.
+  for (int s = 0; s < size_ - 1; ++s) {
+    int sendBlock = mod(rank_ - s), recvBlock = mod(rank_ - s - 1);
+    step({span(blocks + sendBlock * b, b)}, {span(blocks + recvBlock * b, b)});
+  }
+}
+
+void Ring::reduceScatterInPlace(uint8_t* data, size_t count, DType dtype, ReduceOp op, uint8_t* recvBuf) {
+  const size_t esz = itemSize(dtype);
+  for (int s = 0; s < size_ - 1; ++s) {
+    int sendChunk = mod(rank_ - s - 1), recvChunk = mod(rank_ - s - 2);
+    size_t sendAt = partBegin(count, size_, sendChunk) * esz;
+    size_t sendLen = partBegin(count, size_, sendChunk + 1) * esz - sendAt;
+    size_t recvAt = partBegin(count, size_, recvChunk) * esz;
+    size_t recvLen = partBegin(count, size_, recvChunk + 1) * esz - recvAt;
+    Step reduce;
+    reduce.unit = esz;
+    // Reduce each segment as soon as it lands, while the rest is still on the wire.
+    reduce.onReceived = [&](size_t begin, size_t end) {
+      reduceInto(data + recvAt + begin, recvBuf + begin, (end - begin) / esz, dtype, op);
+    };
+    step({span(data + sendAt, sendLen)}, {span(recvBuf, recvLen)}, std::move(reduce));
+  }
+}
+
+void Ring::allReduce(void* data, size_t count, DType dtype, ReduceOp op) {
+  if (size_ == 1) return;
+  const size_t esz = itemSize(dtype), bytes = count * esz;
+  auto* d = static_cast<uint8_t*>(data);
+  if (bytes * static_cast<size_t>(size_ - 1) <= kSmallBytes || count < static_cast<size_t>(size_)) {
+    scratch_.resize(bytes * static_cast<size_t>(size_));
+    std::memcpy(scratch_.data() + static_cast<size_t>(rank_) * bytes, d, bytes);
+    gatherBlocks(scratch_.data(), bytes);
+    // Rank order, the same on every rank: every rank ends with the same bits.
+    std::memcpy(d, scratch_.data(), bytes);
+    for (int k = 1; k < size_; ++k) reduceInto(d, scratch_.data() + static_cast<size_t>(k) * bytes, count, dtype, op);
+    if (op == ReduceOp::Avg) finishAverage(d, count, dtype, size_);
+    return;
+  }
+  // Slices small enough that what a step sends, receives and reduces stays in cache.
+  const size_t slice = std::max<size_t>(sliceBytes() / esz, static_cast<size_t>(size_));
+  scratch_.resize(partBegin(std::min(count, slice), size_, 1) * esz);  // the largest chunk
+  for (size_t at = 0; at < count; at += slice) ringAllReduce(d + at * esz, std::min(slice, count - at), dtype, op);
+}
+
+void Ring::ringAllReduce(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
+  const size_t esz = itemSize(dtype);
+  reduceScatterInPlace(d, count, dtype, op, scratch_.data());
+  size_t mine = partBegin(count, size_, rank_);
+  if (op == ReduceOp::Avg) finishAverage(d + mine * esz, partBegin(count, size_, rank_ + 1) - mine, dtype, size_);
+  for (int s = 0; s < size_ - 1; ++s) {
+    int sendChunk = mod(rank_ - s), recvChunk = mod(rank_ - s - 1);
+    size_t sendAt = partBegin(count, size_, sendChunk) * esz;
+    size_t recvAt = partBegin(count, size_, recvChunk) * esz;
+    step({span(d + sendAt, partBegin(count, size_, sendChunk + 1) * esz - sendAt)},
+         {span(d + recvAt, partBegin(count, size_, recvChunk + 1) * esz - recvAt)});
+  }
+}
+
+size_t Ring::sliceBytes() {
+  static const size_t bytes = [] {
+    const char* v = std::getenv("CYXWIZ_RING_SLICE_BYTES");
+    return v ? static_cast<size_t>(std::atoll(v)) : size_t{1} << 20;
+  }();
+  return bytes;
+}
+
+void Ring::broadcast(void* data, size_t bytes, int root) {
+  if (size_ == 1) return;
+  // A chain root -> root+1 -> ... -> root-1; middle ranks forward each segment as it arrives.
+  int pos = mod(rank_ - root);
+  Step relay;
+  std::vector<iovec> send, recv;
+  if (pos < size_ - 1) send.push_back(span(data, bytes));
+  if (pos > 0) recv.push_back(span(data, bytes));
+  relay.relay = pos > 0 && pos < size_ - 1;
+  if (pos == 0) {
+    // The root receives nothing; its header still goes right, and the left neighbour sends none.
+    headerSent_ = true;
+    send.insert(send.begin(), span(myHeader_, sizeof myHeader_));
+    relay.send = std::move(send);
+    io_.run(relay);
+    return;
+  }
+  if (pos == size_ - 1) {
+    // The last rank forwards nothing: it only checks the header that reaches it.
+    headerSent_ = true;
+    recv.insert(recv.begin(), span(leftHeader_, sizeof leftHeader_));
+    relay.recv = std::move(recv);
+    relay.recvHeaderBytes = sizeof leftHeader_;
+    relay.onHeader = [this] { checkLeftHeader(); };
+    io_.run(relay);
+    return;
+  }
+  headerSent_ = true;
+  send.insert(send.begin(), span(myHeader_, sizeof myHeader_));
+  recv.insert(recv.begin(), span(leftHeader_, sizeof leftHeader_));
+  relay.sendHeaderBytes = sizeof myHeader_;
+  relay.recvHeaderBytes = sizeof leftHeader_;
+  relay.onHeader = [this] { checkLeftHeader(); };
+  relay.send = std::move(send);
+  relay.recv = std::move(recv);
+  io_.run(relay);
+}
+
+void Ring::allGather(const void* in, void* out, size_t bytesPerRank) {
+  auto* o = static_cast<uint8_t*>(out);
+  std::memcpy(o + static_cast<size_t>(rank_) * bytesPerRank, in, bytesPerRank);
+  if (size_ == 1) return;
+  gatherBlocks(o, bytesPerRank);
+}
+
+void Ring::reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
+  const size_t esz = itemSize(dtype);
+  size_t mine = partBegin(count, size_, rank_), mineLen = partBegin(count, size_, rank_ + 1) - mine;
+  if (size_ > 1) {
+    size_t work = count * esz, recv = partBegin(count, size_, 1) * esz;
+    scratch_.resize(work + recv);
+    std::memcpy(scratch_.data(), in, work);  // the caller's input stays as it was
+    reduceScatterInPlace(scratch_.data(), count, dtype, op, scratch_.data() + work);
+    in = scratch_.data();
+  }
+  std::memcpy(out, static_cast<const uint8_t*>(in) + mine * esz, mineLen * esz);
+  if (op == ReduceOp::Avg) finishAverage(out, mineLen, dtype, size_);
+}
+
+void Ring::barrier() {
+  // Gathering one byte from every rank: nobody leaves before everybody has arrived.
+  if (size_ == 1) return;
+  scratch_.assign(static_cast<size_t>(size_), 1);
+  gatherBlocks(scratch_.data(), 1);
+}
+
+}  // namespace cyxwiz::comm

@@ -1,0 +1,61 @@
+// Ring collectives: rank r receives from rank r-1 (its left) and sends to rank r+1 (its right).
+//
+// all_reduce, large: reduce-scatter then all-gather over N chunks. In reduce-scatter step s a rank
+// sends chunk r-s-1 and receives chunk r-s-2, reducing it into its own copy segment by segment as
+// it arrives; after N-1 steps rank r holds chunk r summed over every rank. In all-gather step s it
+// sends chunk r-s (the finished one it got last) and receives chunk r-s-1 in place. Each rank moves
+// 2(N-1)/N of the buffer: the bandwidth optimum.
+// all_reduce, small: every rank gathers every rank's whole buffer (N-1 steps, no chunking), then
+// reduces them in rank order: fewer rounds, and the same bits on every rank.
+//
+// The first step of every collective carries this rank's CallHeader; a rank compares the header
+// from its left with its own call and raises on any difference (size, dtype, op, order), so ranks
+// that disagree get an error, never wrong numbers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cyxwiz/comm/cpu/duplex.h"
+#include "cyxwiz/comm/cpu/wire.h"
+#include "cyxwiz/comm/types.h"
+
+namespace cyxwiz::comm {
+
+class Ring {
+ public:
+  // Messages at most this large (times N-1) take the small path.
+  static constexpr size_t kSmallBytes = 64 * 1024;
+
+  Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const CallSignature& call);
+
+  void allReduce(void* data, size_t count, DType dtype, ReduceOp op);
+  void broadcast(void* data, size_t bytes, int root);
+  void allGather(const void* in, void* out, size_t bytesPerRank);
+  // Rank r gets part r of the reduced input, parts split as numpy.array_split splits.
+  void reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
+  void barrier();
+
+  // First element of part i when `count` elements are split in `parts` (numpy.array_split).
+  static size_t partBegin(size_t count, int parts, int i);
+
+ private:
+  int mod(int i) const { return ((i % size_) + size_) % size_; }
+  // One step; the first of a collective also sends our header and checks the left one's.
+  void step(std::vector<iovec> send, std::vector<iovec> recv, Step&& extra = Step());
+  void checkLeftHeader();
+  void gatherBlocks(uint8_t* blocks, size_t bytesPerRank);
+  void ringAllReduce(uint8_t* data, size_t count, DType dtype, ReduceOp op);
+  static size_t sliceBytes();
+  void reduceScatterInPlace(uint8_t* data, size_t count, DType dtype, ReduceOp op, uint8_t* recvBuf);
+
+  int rank_, size_;
+  Duplex& io_;
+  std::vector<uint8_t>& scratch_;
+  CallSignature call_;
+  uint8_t myHeader_[wire::kCallHeaderBytes];
+  uint8_t leftHeader_[wire::kCallHeaderBytes];
+  bool headerSent_ = false;
+};
+
+}  // namespace cyxwiz::comm

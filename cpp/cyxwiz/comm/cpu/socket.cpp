@@ -1,0 +1,254 @@
+#include "cyxwiz/comm/cpu/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "cyxwiz/common/error.h"
+
+namespace cyxwiz::comm {
+
+Deadline deadlineAfterMs(int64_t ms) { return Clock::now() + std::chrono::milliseconds(ms); }
+
+int msUntil(Deadline deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  if (left <= 0) return 0;
+  return left > INT_MAX ? INT_MAX : static_cast<int>(left);
+}
+
+std::string errnoString(int err) {
+  char buf[256];
+  return std::string(strerror_r(err, buf, sizeof buf));
+}
+
+std::string IoStatus::describe() const {
+  switch (kind) {
+    case Ok: return "ok";
+    case Closed: return "connection closed by the peer";
+    case TimedOut: return "timed out";
+    case Failed: return errnoString(err);
+  }
+  return "?";
+}
+
+Socket& Socket::operator=(Socket&& o) noexcept {
+  if (this != &o) {
+    close();
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void Socket::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+namespace {
+
+std::string formatAddress(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    port = ntohs(a->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    port = ntohs(a->sin6_port);
+  }
+  return makeString(host, ":", port);
+}
+
+// Waits for `events` on fd; false when the deadline passed first.
+bool waitFor(int fd, short events, Deadline deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int rc = ::poll(&p, 1, msUntil(deadline));
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) return true;  // let the following syscall report the error
+  }
+}
+
+}  // namespace
+
+Socket Socket::listenAny(int port, int backlog, int* err) {
+  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) {
+    *err = errno;
+    return Socket();
+  }
+  // Lets a restarted job reuse a port still in TIME_WAIT; a port with a live listener stays refused.
+  int one = 1;
+  ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(s.fd(), backlog) != 0) {
+    *err = errno;
+    return Socket();
+  }
+  s.setNonBlocking();
+  *err = 0;
+  return s;
+}
+
+Socket Socket::connectTo(const std::string& host, int port, Deadline deadline, int* err) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string service = std::to_string(port);
+  if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &res) != 0 || res == nullptr) {
+    *err = ENOENT;
+    return Socket();
+  }
+  Socket s(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) {
+    *err = errno;
+    ::freeaddrinfo(res);
+    return Socket();
+  }
+  s.setNonBlocking();
+  int rc = ::connect(s.fd(), res->ai_addr, res->ai_addrlen);
+  ::freeaddrinfo(res);
+  if (rc != 0 && errno != EINPROGRESS) {
+    *err = errno;
+    return Socket();
+  }
+  if (rc != 0) {
+    if (!waitFor(s.fd(), POLLOUT, deadline)) {
+      *err = ETIMEDOUT;
+      return Socket();
+    }
+    int soerr = 0;
+    socklen_t len = sizeof soerr;
+    ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &soerr, &len);
+    if (soerr != 0) {
+      *err = soerr;
+      return Socket();
+    }
+  }
+  s.setNoDelay();
+  *err = 0;
+  return s;
+}
+
+Socket Socket::accept(Deadline deadline) const {
+  for (;;) {
+    int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      Socket s(fd);
+      s.setNoDelay();
+      return s;
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return Socket();
+    if (!waitFor(fd_, POLLIN, deadline)) return Socket();
+  }
+}
+
+void Socket::setNonBlocking() {
+  int flags = ::fcntl(fd_, F_GETFL, 0);
+  ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
+}
+
+void Socket::setNoDelay() {
+  int one = 1;
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+void Socket::setBufferSizes(int bytes) {
+  ::setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+}
+
+std::string Socket::peerAddress() const {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  return formatAddress(ss);
+}
+
+std::string Socket::localIp() const {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "127.0.0.1";
+  std::string a = formatAddress(ss);
+  return a.substr(0, a.rfind(':'));
+}
+
+int Socket::localPort() const {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) return 0;
+  return ntohs(a.sin_port);
+}
+
+IoStatus Socket::sendAll(const void* data, size_t n, Deadline deadline) const {
+  IoStatus st;
+  const char* p = static_cast<const char*>(data);
+  while (st.done < n) {
+    ssize_t k = ::send(fd_, p + st.done, n - st.done, MSG_NOSIGNAL);
+    if (k > 0) {
+      st.done += static_cast<size_t>(k);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!waitFor(fd_, POLLOUT, deadline)) return {IoStatus::TimedOut, 0, st.done};
+      continue;
+    }
+    if (k < 0 && (errno == EPIPE || errno == ECONNRESET)) return {IoStatus::Closed, errno, st.done};
+    return {IoStatus::Failed, errno, st.done};
+  }
+  return st;
+}
+
+IoStatus Socket::recvAll(void* data, size_t n, Deadline deadline) const {
+  IoStatus st;
+  char* p = static_cast<char*>(data);
+  while (st.done < n) {
+    ssize_t k = ::recv(fd_, p + st.done, n - st.done, 0);
+    if (k > 0) {
+      st.done += static_cast<size_t>(k);
+      continue;
+    }
+    if (k == 0) return {IoStatus::Closed, 0, st.done};
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (!waitFor(fd_, POLLIN, deadline)) return {IoStatus::TimedOut, 0, st.done};
+      continue;
+    }
+    if (errno == ECONNRESET) return {IoStatus::Closed, errno, st.done};
+    return {IoStatus::Failed, errno, st.done};
+  }
+  return st;
+}
+
+IoStatus Socket::recvSome(void* data, size_t n) const {
+  for (;;) {
+    ssize_t k = ::recv(fd_, data, n, MSG_DONTWAIT);
+    if (k > 0) return {IoStatus::Ok, 0, static_cast<size_t>(k)};
+    if (k == 0) return {IoStatus::Closed, 0, 0};
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return {IoStatus::Ok, 0, 0};
+    if (errno == ECONNRESET) return {IoStatus::Closed, errno, 0};
+    return {IoStatus::Failed, errno, 0};
+  }
+}
+
+}  // namespace cyxwiz::comm

@@ -1,0 +1,70 @@
+// A TCP socket that owns its descriptor, and deadline-bounded I/O on it.
+//
+// Status values stay inside this layer (IoStatus, errno); callers that know the peer (Pair, the
+// store) turn them into exceptions that name the rank, the address and the operation.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace cyxwiz::comm {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+Deadline deadlineAfterMs(int64_t ms);
+// Milliseconds left, clamped to [0, INT_MAX] for poll().
+int msUntil(Deadline deadline);
+
+struct IoStatus {
+  enum Kind { Ok, Closed, TimedOut, Failed } kind = Ok;
+  int err = 0;       // errno for Failed
+  size_t done = 0;   // bytes moved before it stopped
+  bool ok() const { return kind == Ok; }
+  std::string describe() const;  // "closed by the peer", "timed out", "Connection reset by peer"
+};
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  ~Socket() { close(); }
+  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Socket& operator=(Socket&& o) noexcept;
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void close();
+
+  // Listens on all IPv4 interfaces; port 0 picks a free one. Returns an invalid socket and sets
+  // `err` (EADDRINUSE, ...) when the port cannot be bound.
+  static Socket listenAny(int port, int backlog, int* err);
+  // One connection attempt to host:port; invalid socket + errno in `err` on failure (ECONNREFUSED,
+  // ETIMEDOUT when the deadline passes, EHOSTUNREACH, or EAI_* name errors reported as ENOENT).
+  static Socket connectTo(const std::string& host, int port, Deadline deadline, int* err);
+  // Waits for one incoming connection until the deadline; invalid socket when none came.
+  Socket accept(Deadline deadline) const;
+
+  void setNonBlocking();
+  void setNoDelay();
+  void setBufferSizes(int bytes);
+
+  std::string peerAddress() const;   // "10.0.0.5:41234"
+  std::string localIp() const;       // the interface this socket uses, "10.0.0.7"
+  int localPort() const;
+
+  IoStatus sendAll(const void* data, size_t n, Deadline deadline) const;
+  IoStatus recvAll(void* data, size_t n, Deadline deadline) const;
+  // Reads whatever is there (up to n) without waiting; 0 bytes + Ok when nothing is pending.
+  IoStatus recvSome(void* data, size_t n) const;
+
+ private:
+  int fd_ = -1;
+};
+
+std::string errnoString(int err);
+
+}  // namespace cyxwiz::comm

@@ -1,0 +1,98 @@
+#include "cyxwiz/comm/cpu/wire.h"
+
+namespace cyxwiz::comm::wire {
+
+namespace {
+
+template <typename T>
+void put(uint8_t* out, size_t at, T v) {
+  std::memcpy(out + at, &v, sizeof v);
+}
+
+template <typename T>
+T get(const uint8_t* in, size_t at) {
+  T v;
+  std::memcpy(&v, in + at, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+const char* channelName(Channel c) {
+  switch (c) {
+    case Channel::Store: return "store";
+    case Channel::Monitor: return "monitor";
+    case Channel::Ring: return "ring link";
+  }
+  return "unknown channel";
+}
+
+void encodeHello(const Hello& h, uint8_t out[kHelloBytes]) {
+  std::memset(out, 0, kHelloBytes);
+  std::memcpy(out, kHelloMagic, 8);
+  put<uint32_t>(out, 8, h.version);
+  put<uint32_t>(out, 12, static_cast<uint32_t>(h.channel));
+  put<uint64_t>(out, 16, h.jobHash);
+  put<uint32_t>(out, 24, h.worldSize);
+  put<uint32_t>(out, 28, h.rank);
+}
+
+bool decodeHello(const uint8_t in[kHelloBytes], Hello* h) {
+  if (std::memcmp(in, kHelloMagic, 8) != 0) return false;
+  h->version = get<uint32_t>(in, 8);
+  h->channel = static_cast<Channel>(get<uint32_t>(in, 12));
+  h->jobHash = get<uint64_t>(in, 16);
+  h->worldSize = get<uint32_t>(in, 24);
+  h->rank = get<uint32_t>(in, 28);
+  return true;
+}
+
+void encodeCall(const CallSignature& c, uint8_t out[kCallHeaderBytes]) {
+  std::memset(out, 0, kCallHeaderBytes);
+  put<uint32_t>(out, 0, kCallMagic);
+  out[4] = static_cast<uint8_t>(c.collective);
+  out[5] = static_cast<uint8_t>(c.op);
+  out[6] = static_cast<uint8_t>(c.dtype);
+  put<uint32_t>(out, 8, c.root);
+  put<uint64_t>(out, 16, c.count);
+  put<uint64_t>(out, 24, c.sequence);
+}
+
+bool decodeCall(const uint8_t in[kCallHeaderBytes], CallSignature* c) {
+  if (get<uint32_t>(in, 0) != kCallMagic) return false;
+  c->collective = static_cast<Collective>(in[4]);
+  c->op = static_cast<ReduceOp>(in[5]);
+  c->dtype = static_cast<DType>(in[6]);
+  c->root = get<uint32_t>(in, 8);
+  c->count = get<uint64_t>(in, 16);
+  c->sequence = get<uint64_t>(in, 24);
+  return true;
+}
+
+void encodeFrame(const Frame& f, uint8_t out[kFrameBytes]) {
+  std::memset(out, 0, kFrameBytes);
+  out[0] = f.type;
+  out[1] = f.kind;
+  put<uint32_t>(out, 4, f.word);
+  put<uint64_t>(out, 8, f.length);
+}
+
+Frame decodeFrame(const uint8_t in[kFrameBytes]) {
+  Frame f;
+  f.type = in[0];
+  f.kind = in[1];
+  f.word = get<uint32_t>(in, 4);
+  f.length = get<uint64_t>(in, 8);
+  return f;
+}
+
+uint64_t hashJobId(const std::string& jobId) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : jobId) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace cyxwiz::comm::wire

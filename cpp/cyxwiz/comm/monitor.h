@@ -1,0 +1,47 @@
+// Monitor: this rank's line to the job monitor on rank 0 (store_server.h).
+//
+// A rank that fails reports why; rank 0 tells every other rank, whose communication loops poll
+// fd() next to their sockets and stop at once with the original cause. A rank that dies says
+// nothing, and its closed connection tells rank 0 the same story.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cyxwiz/comm/config.h"
+#include "cyxwiz/comm/cpu/socket.h"
+#include "cyxwiz/comm/cpu/wire.h"
+
+namespace cyxwiz::comm {
+
+struct Failure {
+  wire::ErrorKind kind = wire::ErrorKind::Network;
+  int origin = -1;       // the rank the failure happened on
+  std::string message;   // as that rank raised it
+};
+
+// Throws the exception class that matches `kind` (NetworkError, TimeoutError, BackendError).
+[[noreturn]] void raiseFailure(wire::ErrorKind kind, const std::string& message);
+
+class Monitor {
+ public:
+  Monitor(const DistributedConfig& config, Deadline deadline);
+
+  // -1 once the job ended on purpose (rank 0 finalized): nothing more to watch.
+  int fd() const { return shutdown_ ? -1 : socket_.fd(); }
+  // Call when fd() is readable: the failure another rank reported (or rank 0's loss), if any.
+  std::optional<Failure> read();
+  // Best effort: tells rank 0 why this rank stops, so that the other ranks stop too.
+  void report(wire::ErrorKind kind, const std::string& message);
+  // This rank finalizes on purpose; its disconnect is not a failure.
+  void goodbye();
+
+ private:
+  Socket socket_;
+  std::vector<uint8_t> in_;
+  bool shutdown_ = false;
+  std::string master_;
+};
+
+}  // namespace cyxwiz::comm

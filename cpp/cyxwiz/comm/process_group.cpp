@@ -1,0 +1,67 @@
+#include "cyxwiz/comm/process_group.h"
+
+#include <mutex>
+
+#include "cyxwiz/comm/cpu/cpu_backend.h"
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
+
+namespace cyxwiz::comm {
+
+namespace {
+
+std::mutex gMutex;
+std::shared_ptr<Backend> gBackend;
+
+[[noreturn]] void notInitialized(const char* operation) {
+  throw DistError(makeString(operation, ": cx.distributed is not initialized: call cx.distributed.init() first"));
+}
+
+}  // namespace
+
+void init(const DistributedConfig& config) {
+  std::lock_guard<std::mutex> lock(gMutex);
+  if (gBackend) {
+    throw DistError(makeString(rankPrefix(), "init: already initialized (", gBackend->config().describe(),
+                               "); call cx.distributed.finalize() before init() again"));
+  }
+  config.validate();
+  if (config.backend == BackendType::NCCL) {
+    throw BackendError(
+        "init: this pycyxwiz build has no NCCL backend (it was built without the CUDA toolkit and NCCL). Use "
+        "BackendType.CPU (DISTRIBUTED_BACKEND=cpu), or rebuild on a machine with CUDA and the nvidia-nccl-cu13 "
+        "and nvidia-cublas wheels installed: pip install --no-build-isolation .");
+  }
+  setLogRank(config.rank, config.worldSize);
+  try {
+    gBackend = std::make_shared<CpuBackend>(config);
+  } catch (...) {
+    clearLogRank();
+    throw;
+  }
+}
+
+void finalize() {
+  std::shared_ptr<Backend> b;
+  {
+    std::lock_guard<std::mutex> lock(gMutex);
+    b.swap(gBackend);
+  }
+  if (b) b->shutdown();
+  clearLogRank();
+}
+
+bool isInitialized() {
+  std::lock_guard<std::mutex> lock(gMutex);
+  return gBackend != nullptr;
+}
+
+std::shared_ptr<Backend> backend(const char* operation) {
+  std::lock_guard<std::mutex> lock(gMutex);
+  if (!gBackend) notInitialized(operation);
+  return gBackend;
+}
+
+DistributedConfig currentConfig(const char* operation) { return backend(operation)->config(); }
+
+}  // namespace cyxwiz::comm

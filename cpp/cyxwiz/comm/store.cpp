@@ -1,0 +1,23 @@
+#include "cyxwiz/comm/store.h"
+
+#include <algorithm>
+#include <thread>
+
+namespace cyxwiz::comm {
+
+std::vector<std::string> Store::waitAll(const std::vector<std::string>& keys, Deadline deadline) {
+  std::vector<std::string> missing = keys;
+  Clock::duration pause = std::chrono::microseconds(200);
+  for (;;) {
+    std::vector<std::string> still;
+    for (const auto& k : missing) {
+      if (!check(k, deadline)) still.push_back(k);
+    }
+    missing.swap(still);
+    if (missing.empty() || Clock::now() >= deadline) return missing;
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
+    pause = std::min<Clock::duration>(pause * 2, std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace cyxwiz::comm

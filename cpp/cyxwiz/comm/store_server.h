@@ -1,0 +1,45 @@
+// The rendezvous served by rank 0 on MASTER_ADDR:MASTER_PORT: a small key-value store (set, get
+// that waits for the key, check, add) and the job's monitor.
+//
+// Every rank keeps two connections here: a store connection for rendezvous requests and a monitor
+// connection on which it reports its own failure. The server tells every other rank when one rank
+// reports a failure or disappears without saying goodbye, so a failure anywhere stops every rank
+// within moments instead of leaving them blocked until their timeout.
+//
+// One thread, one poll loop, a small state machine per connection; a silent or garbled connection
+// costs nothing but a log line.
+#pragma once
+
+#include <atomic>
+#include <thread>
+
+#include "cyxwiz/comm/cpu/handshake.h"
+#include "cyxwiz/comm/cpu/socket.h"
+
+namespace cyxwiz::comm {
+
+class StoreServer {
+ public:
+  // Binds the port (throws NetworkError naming it when busy) and starts serving.
+  StoreServer(int port, const JobIdentity& job, int64_t handshakeTimeoutMs);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  // Tells every monitor the job ends on purpose, then closes everything.
+  void stop();
+  int port() const { return port_; }
+
+ private:
+  void run();
+
+  Socket listener_;
+  int port_;
+  JobIdentity job_;
+  int64_t handshakeTimeoutMs_;
+  int wakeRead_ = -1, wakeWrite_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace cyxwiz::comm

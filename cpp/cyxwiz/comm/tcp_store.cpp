@@ -1,0 +1,98 @@
+#include "cyxwiz/comm/tcp_store.h"
+
+#include <cerrno>
+#include <thread>
+#include <vector>
+
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
+
+namespace cyxwiz::comm {
+
+JobIdentity jobIdentityOf(const DistributedConfig& config) {
+  return {wire::hashJobId(config.jobId), config.worldSize, config.rank};
+}
+
+Socket dialRendezvous(const DistributedConfig& config, wire::Channel channel, Deadline deadline) {
+  wire::Hello hello;
+  hello.channel = channel;
+  hello.jobHash = wire::hashJobId(config.jobId);
+  hello.worldSize = static_cast<uint32_t>(config.worldSize);
+  hello.rank = static_cast<uint32_t>(config.rank);
+  std::string master = makeString(config.masterAddr, ":", config.masterPort);
+  std::string lastError = "no attempt finished";
+  auto pause = std::chrono::milliseconds(10);
+  for (;;) {
+    int err = 0;
+    Deadline attempt = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+    Socket s = Socket::connectTo(config.masterAddr, config.masterPort, attempt, &err);
+    if (s.valid()) {
+      std::string refusal = sayHello(s, hello, deadline);
+      if (refusal.empty()) return s;
+      if (refusal.rfind("no answer", 0) != 0) {
+        throw StoreError(makeString(rankPrefix(), "init: rank 0's rendezvous at ", master, " refused this rank: ", refusal));
+      }
+      lastError = makeString(refusal, " from ", master);
+    } else if (err == ECONNREFUSED) {
+      lastError = "Connection refused to " + master;
+    } else if (err == ENOENT) {
+      lastError = makeString("cannot resolve MASTER_ADDR '", config.masterAddr, "'");
+    } else {
+      lastError = makeString(errnoString(err), " connecting to ", master);
+    }
+    if (Clock::now() + pause >= deadline) break;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(500));
+  }
+  throw TimeoutError(makeString(
+      rankPrefix(), "init: Timeout waiting for peers: could not reach rank 0's rendezvous at ", master, " within ",
+      config.timeoutMs, " ms (last error: ", lastError, "). Start rank 0, check that MASTER_ADDR/MASTER_PORT are the "
+      "same on every rank and reachable from here (firewall), or raise DISTRIBUTED_TIMEOUT_MS"));
+}
+
+TcpStore::TcpStore(const DistributedConfig& config, Deadline deadline)
+    : socket_(dialRendezvous(config, wire::Channel::Store, deadline)),
+      master_(makeString(config.masterAddr, ":", config.masterPort)) {}
+
+std::string TcpStore::request(wire::StoreOp op, const std::string& key, const std::string& value, Deadline deadline) {
+  std::vector<uint8_t> out(wire::kFrameBytes + key.size() + value.size());
+  wire::encodeFrame({static_cast<uint8_t>(op), 0, static_cast<uint32_t>(key.size()), value.size()}, out.data());
+  std::memcpy(out.data() + wire::kFrameBytes, key.data(), key.size());
+  std::memcpy(out.data() + wire::kFrameBytes + key.size(), value.data(), value.size());
+  IoStatus st = socket_.sendAll(out.data(), out.size(), deadline);
+  uint8_t head[wire::kFrameBytes];
+  if (st.ok()) st = socket_.recvAll(head, sizeof head, deadline);
+  std::string reply;
+  if (st.ok()) {
+    wire::Frame f = wire::decodeFrame(head);
+    reply.resize(f.length);
+    st = socket_.recvAll(reply.data(), reply.size(), deadline);
+  }
+  if (st.kind == IoStatus::TimedOut) {
+    socket_.close();  // a late answer would be read as the next one's
+    throw TimeoutError(makeString(rankPrefix(), "store: Timeout waiting for peers: key '", key, "' on rank 0's store (",
+                                  master_, ") did not appear in time"));
+  }
+  if (!st.ok()) {
+    socket_.close();
+    throw NetworkError(makeString(rankPrefix(), "store: lost the connection to rank 0 (", master_, "): ", st.describe(),
+                                  "; rank 0 died or finalized"));
+  }
+  return reply;
+}
+
+void TcpStore::set(const std::string& key, const std::string& value, Deadline deadline) {
+  request(wire::StoreOp::Set, key, value, deadline);
+}
+
+std::string TcpStore::get(const std::string& key, Deadline deadline) { return request(wire::StoreOp::Get, key, "", deadline); }
+
+bool TcpStore::check(const std::string& key, Deadline deadline) {
+  return request(wire::StoreOp::Check, key, "", deadline) == "1";
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta, Deadline deadline) {
+  return std::stoll(request(wire::StoreOp::Add, key, std::to_string(delta), deadline));
+}
+
+}  // namespace cyxwiz::comm

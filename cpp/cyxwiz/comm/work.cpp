@@ -1,0 +1,42 @@
+#include "cyxwiz/comm/work.h"
+
+namespace cyxwiz::comm {
+
+bool Work::isCompleted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
+
+bool Work::isSuccess() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ && !error_;
+}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+void Work::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return completed_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::waitFor(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!done_.wait_for(lock, timeout, [this] { return completed_; })) return false;
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+void Work::finish(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed_ = true;
+    error_ = error;
+  }
+  done_.notify_all();
+}
+
+}  // namespace cyxwiz::comm

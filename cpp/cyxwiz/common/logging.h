@@ -1,0 +1,23 @@
+// Diagnostics on stderr, prefixed with "[pycyxwiz rank r/N]" once the rank is known, so that lines
+// from N processes sharing one terminal (or one launcher) can be told apart.
+#pragma once
+
+#include <string>
+
+namespace cyxwiz {
+
+enum class LogLevel { Debug, Info, Warning };
+
+// Called by init/finalize; before init (and after finalize) the prefix is just "[pycyxwiz]".
+void setLogRank(int rank, int worldSize);
+void clearLogRank();
+// "[rank r/N] " for error messages ("" in a world of one before init).
+std::string rankPrefix();
+
+// CYXWIZ_LOG_LEVEL=debug|info|warning (default warning) decides what is printed.
+void log(LogLevel level, const std::string& message);
+inline void logWarning(const std::string& message) { log(LogLevel::Warning, message); }
+inline void logInfo(const std::string& message) { log(LogLevel::Info, message); }
+inline void logDebug(const std::string& message) { log(LogLevel::Debug, message); }
+
+}  // namespace cyxwiz
