@@ -1,0 +1,473 @@
+"""python -m pycyxwiz.launch and launch_distributed.sh with real processes: each test writes a tiny
+rank script into tmp_path, runs the launcher with a hard timeout, fails if a rank outlived the
+launcher, and kills whatever it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = [sys.executable, "-m", "pycyxwiz.launch"]
+TIMEOUT = 60
+POSIX = os.name == "posix"
+posix_only = pytest.mark.skipif(not POSIX, reason="POSIX signals and process groups")
+
+# Every rank script starts like this: it records its pid (pids/<pid> holds the rank) so a test can
+# check that ranks are gone and clean up ranks that a broken launcher left behind.
+PREAMBLE = """\
+import json, os, signal, sys, time
+from pathlib import Path
+HERE = Path(__file__).resolve().parent
+RANK = int(os.environ["RANK"])
+(HERE / "pids").mkdir(exist_ok=True)
+(HERE / "pids" / str(os.getpid())).write_text(str(RANK))
+
+def wait_for(*names):
+    deadline = time.time() + 30
+    while not all((HERE / n).exists() for n in names) and time.time() < deadline:
+        time.sleep(0.02)
+"""
+
+ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+            "MASTER_PORT", "CYXWIZ_JOB_ID", "CYXWIZ_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
+            "PYTHONUNBUFFERED", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "PMI_SIZE")
+ENV_DUMP = f"""
+out = Path(sys.argv[1])
+out.mkdir(exist_ok=True)
+(out / f"{{RANK}}.json").write_text(json.dumps({{k: os.environ.get(k) for k in {ENV_KEYS!r}}}))
+"""
+
+
+def script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(PREAMBLE + textwrap.dedent(body))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """Our environment without any launcher's variables (pytest itself may run under one)."""
+    drop = re.compile(r"(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|GROUP_RANK|MASTER_ADDR|MASTER_PORT"
+                      r"|CYXWIZ_.*|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*)")
+    env = {k: v for k, v in os.environ.items() if not drop.fullmatch(k)}
+    env.update(extra)
+    return env
+
+
+def _alive(pid: int, tmp_path: Path) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # not ours any more: the pid was reused
+    stat = Path(f"/proc/{pid}/stat")
+    if stat.exists():  # Linux: a zombie is dead; a process not from this test is not ours
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            return False
+        return str(tmp_path) in cmdline or cwd.startswith(str(tmp_path))
+    return True
+
+
+def rank_pids(tmp_path: Path) -> dict[int, int]:
+    """rank -> pid of every rank that started."""
+    pids = tmp_path / "pids"
+    return {int(p.read_text()): int(p.name) for p in pids.iterdir()} if pids.exists() else {}
+
+
+def kill_leftovers(proc: subprocess.Popen, tmp_path: Path) -> list[int]:
+    """Kill what is still running; return the ranks' pids that were (none, after a good launcher)."""
+    if not POSIX:
+        proc.kill()
+        return []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    left = [int(p.name) for p in (tmp_path / "pids").glob("*") if _alive(int(p.name), tmp_path)]
+    for pid in left:  # ranks live in their own sessions
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def start(args: list[str], tmp_path: Path, env: dict[str, str] | None = None,
+          command: list[str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen((command or LAUNCH) + args, cwd=tmp_path, env=env or clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=POSIX)
+
+
+def finish(proc: subprocess.Popen, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Wait for the launcher (hard timeout), then check that it left no rank running."""
+    left: list[int] = []
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        left = kill_leftovers(proc, tmp_path)
+        if proc.returncode is None:
+            proc.communicate()
+    stderr = err.decode("utf-8", "replace")
+    assert not left, f"the launcher exited but left ranks running (pids {left}); its stderr:\n{stderr}"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, stderr)
+
+
+def launch(args: list[str], tmp_path: Path, env: dict[str, str] | None = None,
+           command: list[str] | None = None) -> subprocess.CompletedProcess:
+    return finish(start(args, tmp_path, env, command), tmp_path)
+
+
+def read_envs(out: Path) -> dict[int, dict]:
+    return {int(p.stem): json.loads(p.read_text()) for p in out.glob("*.json")}
+
+
+def wait_for_files(paths: list[Path], proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 30
+    while not all(p.exists() for p in paths):
+        assert proc.poll() is None, "the launcher exited before its ranks were ready"
+        assert time.monotonic() < deadline, f"ranks not ready: {[str(p) for p in paths if not p.exists()]}"
+        time.sleep(0.02)
+
+
+# ------------------------------------------------------------------------------ what each rank sees
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_each_rank_gets_its_environment(tmp_path, n):
+    s = script(tmp_path, "env.py", ENV_DUMP)
+    port = free_port()
+    env = clean_env(RANK="7", SLURM_PROCID="5", SLURM_NTASKS="8", OMPI_COMM_WORLD_RANK="3", PMI_SIZE="9")
+    result = launch(["--nproc-per-node", str(n), "--master-port", str(port), str(s), str(tmp_path / "a")],
+                    tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    envs = read_envs(tmp_path / "a")
+    assert set(envs) == set(range(n))
+    job_ids = {e["CYXWIZ_JOB_ID"] for e in envs.values()}
+    assert len(job_ids) == 1 and re.fullmatch(r"[0-9a-f]{16}", job_ids.pop())
+    for rank, e in envs.items():
+        assert e["RANK"] == e["LOCAL_RANK"] == str(rank)
+        assert e["WORLD_SIZE"] == e["LOCAL_WORLD_SIZE"] == str(n)
+        assert e["NODE_RANK"] == e["GROUP_RANK"] == "0"
+        assert (e["MASTER_ADDR"], e["MASTER_PORT"]) == ("127.0.0.1", str(port))
+        assert e["CYXWIZ_RESTART_COUNT"] == e["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert e["PYTHONUNBUFFERED"] == "1"
+        assert e["SLURM_PROCID"] is e["SLURM_NTASKS"] is e["OMPI_COMM_WORLD_RANK"] is e["PMI_SIZE"] is None
+    assert f"world size {n}" in result.stderr and f"127.0.0.1:{port}" in result.stderr
+    assert envs[0]["CYXWIZ_JOB_ID"] in result.stderr
+
+    if n > 1:  # a second launch is another job
+        again = launch(["--nproc-per-node", str(n), "--master-port", str(port), str(s), str(tmp_path / "b")],
+                       tmp_path, env)
+        assert again.returncode == 0, again.stderr
+        assert read_envs(tmp_path / "b")[0]["CYXWIZ_JOB_ID"] != envs[0]["CYXWIZ_JOB_ID"]
+
+
+OUTPUT = """
+sys.stdout.write(f"first from {RANK}\\n")
+sys.stderr.write(f"warning from {RANK}\\n")
+sys.stdout.write("part-"); sys.stdout.flush(); time.sleep(0.2); sys.stdout.write("one\\n")
+sys.stdout.flush()
+sys.stdout.buffer.write(b"bytes \\xff\\xfe end\\n")
+sys.stdout.write("no newline at the end")
+"""
+
+
+def test_every_line_is_prefixed_with_its_rank_on_the_same_stream(tmp_path):
+    s = script(tmp_path, "out.py", OUTPUT)
+    result = launch(["--nproc-per-node", "2", "--master-port", str(free_port()), str(s)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split(b"\n")
+    assert lines.pop() == b""  # the unterminated last line was given its newline
+    assert all(re.match(rb"\[rank [01]\] ", line) for line in lines), lines
+    for r in (0, 1):
+        for text in (b"first from %d" % r, b"part-one", b"bytes \xff\xfe end", b"no newline at the end"):
+            assert b"[rank %d] " % r + text in lines
+        assert f"[rank {r}] warning from {r}" in result.stderr.splitlines()
+    assert b"warning" not in result.stdout
+    assert all(line.startswith(("[rank ", "[launch] ")) for line in result.stderr.splitlines())
+
+
+def test_no_prefix_passes_output_through_unchanged(tmp_path):
+    s = script(tmp_path, "out.py", OUTPUT)
+    result = launch(["--nproc-per-node", "1", "--no-prefix", "--master-port", str(free_port()), str(s)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"first from 0\npart-one\nbytes \xff\xfe end\nno newline at the end"
+    assert "warning from 0" in result.stderr.splitlines()
+
+
+@pytest.mark.parametrize("form", ["script", "command", "module"])
+def test_script_command_and_module_targets_get_their_own_flags(tmp_path, form):
+    s = script(tmp_path, "argsmod.py", 'print("ARGS " + json.dumps(sys.argv[1:]))\n')
+    target_args = ["--nproc-per-node", "9", "--", "two words"]
+    target = {"script": [str(s)], "command": ["--", sys.executable, str(s)], "module": ["-m", "argsmod"]}[form]
+    result = launch(["--nproc-per-node", "2", "--master-port", str(free_port()), *target, *target_args], tmp_path)
+    assert result.returncode == 0, result.stderr
+    for r in (0, 1):
+        assert f"[rank {r}] ARGS {json.dumps(target_args)}".encode() in result.stdout.splitlines()
+    if form == "module":
+        assert "-u -m argsmod" in result.stderr
+
+
+# ------------------------------------------------------------------------------- failures, signals
+
+
+@posix_only
+def test_failing_rank_stops_the_others_and_sets_the_exit_code(tmp_path):
+    s = script(tmp_path, "fail.py", """
+        if RANK == 1:
+            wait_for("ready.0", "ready.2")
+            print("rank 1 is failing on purpose", file=sys.stderr)
+            sys.exit(3)
+        if RANK == 2:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # needs the SIGKILL after --kill-timeout
+        (HERE / f"ready.{RANK}").touch()
+        time.sleep(600)
+    """)
+    began = time.monotonic()
+    result = launch(["--nproc-per-node", "3", "--kill-timeout", "1", "--master-port", str(free_port()), str(s)],
+                    tmp_path)
+    assert result.returncode == 3, result.stderr
+    assert time.monotonic() - began < 30
+    pids = rank_pids(tmp_path)
+    assert f"[launch] rank 1 (local 1, pid {pids[1]}) failed with exit code 3; stopping the other 2 ranks" \
+        in result.stderr
+    assert "[launch]   rank 1 is failing on purpose" in result.stderr  # the summary repeats its stderr
+    assert f"killing rank 2 (local 2, pid {pids[2]})" in result.stderr
+    assert set(pids) == {0, 1, 2}  # and finish() found none of them running after the launcher
+
+
+@posix_only
+def test_rank_killed_by_a_signal_exits_128_plus_signal(tmp_path):
+    s = script(tmp_path, "kill.py", """
+        if RANK == 0:
+            wait_for("ready.1")
+            os.kill(os.getpid(), signal.SIGKILL)
+        (HERE / f"ready.{RANK}").touch()
+        time.sleep(600)
+    """)
+    result = launch(["--nproc-per-node", "2", "--master-port", str(free_port()), str(s)], tmp_path)
+    assert result.returncode == 137, result.stderr
+    assert "was killed by SIGKILL" in result.stderr
+    assert set(rank_pids(tmp_path)) == {0, 1}  # and finish() found rank 1 gone with the launcher
+
+
+@posix_only
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda sig: sig.name)
+def test_signal_to_the_launcher_is_forwarded_once_to_every_rank(tmp_path, sig):
+    s = script(tmp_path, "trap.py", """
+        def record(signum, frame):
+            with open(HERE / f"got.{RANK}", "a") as f:
+                f.write(signal.Signals(signum).name + "\\n")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, record)
+        signal.signal(signal.SIGINT, record)
+        (HERE / f"ready.{RANK}").touch()
+        time.sleep(600)
+    """)
+    proc = start(["--nproc-per-node", "2", "--master-port", str(free_port()), str(s)], tmp_path)
+    try:
+        wait_for_files([tmp_path / "ready.0", tmp_path / "ready.1"], proc)
+        os.kill(proc.pid, sig)
+    finally:
+        result = finish(proc, tmp_path)
+    assert result.returncode == 128 + sig, result.stderr
+    for r in (0, 1):
+        assert (tmp_path / f"got.{r}").read_text() == f"{sig.name}\n"
+    assert f"got {sig.name}: forwarding it to 2 ranks" in result.stderr
+
+
+@posix_only
+def test_second_signal_kills_ranks_that_ignore_the_first(tmp_path):
+    s = script(tmp_path, "stubborn.py", """
+        signal.signal(signal.SIGTERM, lambda signum, frame: (HERE / f"term.{RANK}").touch())  # and go on
+        (HERE / f"ready.{RANK}").touch()
+        while True:
+            time.sleep(1)
+    """)
+    proc = start(["--nproc-per-node", "2", "--kill-timeout", "50", "--master-port", str(free_port()), str(s)],
+                 tmp_path)
+    try:
+        wait_for_files([tmp_path / "ready.0", tmp_path / "ready.1"], proc)
+        os.kill(proc.pid, signal.SIGTERM)
+        wait_for_files([tmp_path / "term.0", tmp_path / "term.1"], proc)
+        began = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+    finally:
+        result = finish(proc, tmp_path)
+    assert result.returncode == 143, result.stderr
+    assert time.monotonic() - began < 20  # not the 50 s of --kill-timeout
+    assert "a second signal to the launcher" in result.stderr
+
+
+def test_max_restarts_restarts_the_whole_group_with_a_new_job_id(tmp_path):
+    s = script(tmp_path, "flaky.py", """
+        attempt = os.environ["CYXWIZ_RESTART_COUNT"]
+        with open(HERE / "attempts.log", "a") as f:
+            f.write(f"{RANK} {attempt} {os.environ['TORCHELASTIC_RESTART_COUNT']} {os.environ['CYXWIZ_JOB_ID']}\\n")
+        if RANK == 1 and attempt == "0":
+            sys.exit(4)
+    """)
+    result = launch(["--nproc-per-node", "2", "--max-restarts", "2", "--master-port", str(free_port()), str(s)],
+                    tmp_path)
+    assert result.returncode == 0, result.stderr
+    records = [line.split() for line in (tmp_path / "attempts.log").read_text().splitlines()]
+    assert all(cyx == torch for _, cyx, torch, _ in records)
+    assert {attempt for _, attempt, _, _ in records} == {"0", "1"}
+    assert sorted(rank for rank, attempt, _, _ in records if attempt == "1") == ["0", "1"]
+    jobs = {attempt: {job for _, a, _, job in records if a == attempt} for attempt in ("0", "1")}
+    assert len(jobs["0"]) == len(jobs["1"]) == 1 and jobs["0"] != jobs["1"]
+    assert "failed with exit code 4" in result.stderr and "restart 1 of 2" in result.stderr
+
+
+def test_restarts_run_out_and_the_failure_is_the_exit_code(tmp_path):
+    s = script(tmp_path, "broken.py", """
+        with open(HERE / "attempts.log", "a") as f:
+            f.write(os.environ["CYXWIZ_RESTART_COUNT"] + "\\n")
+        sys.exit(4)
+    """)
+    result = launch(["--nproc-per-node", "1", "--max-restarts", "1", "--master-port", str(free_port()), str(s)],
+                    tmp_path)
+    assert result.returncode == 4, result.stderr
+    assert (tmp_path / "attempts.log").read_text().split() == ["0", "1"]
+    assert "giving up after 1 restart" in result.stderr
+
+
+# ---------------------------------------------------------------------------------- bad arguments
+
+
+@pytest.mark.parametrize("value", ["0", "x", "-1", None])
+def test_bad_nproc_per_node_is_a_clear_error(tmp_path, value):
+    s = script(tmp_path, "env.py", ENV_DUMP)
+    args = [] if value is None else ["--nproc-per-node", value]
+    result = launch([*args, str(s), str(tmp_path / "a")], tmp_path)
+    assert result.returncode == 2
+    assert "--nproc-per-node" in result.stderr
+    if value is not None:
+        assert f"must be an integer >= 1, got '{value}'" in result.stderr
+    assert not (tmp_path / "a").exists()
+
+
+def test_missing_target_is_a_clear_error(tmp_path):
+    result = launch(["--nproc-per-node", "2", str(tmp_path / "no_such_script.py")], tmp_path)
+    assert result.returncode == 2
+    assert "no_such_script.py: no such script or command" in result.stderr
+
+
+# ------------------------------------------------------------------------------------- multi-node
+
+
+def test_node_0_prints_the_command_for_the_other_nodes_and_it_works(tmp_path):
+    s = script(tmp_path, "env.py", ENV_DUMP)
+    port = free_port()
+    common = ["--nproc-per-node", "2", "--nnodes", "2", "--master-port", str(port)]
+    node0 = launch([*common, "--node-rank", "0", str(s), str(tmp_path / "a")], tmp_path)
+    assert node0.returncode == 0, node0.stderr
+    assert "cannot reach it" in node0.stderr  # 127.0.0.1 with two nodes
+    printed = re.search(r"^\[launch\] on node 1 run: (python -m pycyxwiz\.launch .*)$", node0.stderr, re.M)
+    assert printed, node0.stderr
+    envs = read_envs(tmp_path / "a")
+    job_id = envs[0]["CYXWIZ_JOB_ID"]
+    assert printed.group(1) == (f"python -m pycyxwiz.launch --nproc-per-node 2 --nnodes 2 --node-rank 1 "
+                                f"--master-addr 127.0.0.1 --master-port {port} --job-id {job_id} "
+                                f"{shlex.quote(str(s))} {shlex.quote(str(tmp_path / 'a'))}")
+
+    words = shlex.split(printed.group(1))
+    node1 = launch(words[1:], tmp_path, command=[sys.executable])  # the printed command, as typed on node 1
+    assert node1.returncode == 0, node1.stderr
+    envs = read_envs(tmp_path / "a")
+    assert set(envs) == {0, 1, 2, 3}
+    assert {e["CYXWIZ_JOB_ID"] for e in envs.values()} == {job_id}
+    for rank, e in envs.items():
+        assert (e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["LOCAL_RANK"]) == ("4", "2", str(rank % 2))
+        assert e["NODE_RANK"] == e["GROUP_RANK"] == str(rank // 2)
+
+    # Typed by hand without --job-id, node 1 still agrees with node 0.
+    typed = launch([*common, "--node-rank", "1", str(s), str(tmp_path / "b")], tmp_path)
+    assert typed.returncode == 0, typed.stderr
+    assert {e["CYXWIZ_JOB_ID"] for e in read_envs(tmp_path / "b").values()} == {job_id}
+
+
+def test_node_rank_must_be_below_nnodes(tmp_path):
+    s = script(tmp_path, "env.py", ENV_DUMP)
+    result = launch(["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2", str(s), "x"], tmp_path)
+    assert result.returncode == 2
+    assert "--node-rank must be in [0, 2)" in result.stderr
+
+
+# -------------------------------------------------------------------------------------------- ports
+
+
+def test_busy_default_port_is_replaced_by_a_free_one(tmp_path):
+    holder = socket.socket()
+    try:
+        holder.bind(("0.0.0.0", 29500))
+        holder.listen()
+    except OSError as e:
+        holder.close()
+        pytest.skip(f"cannot hold the default port 29500 busy for this test ({e}); something else has it")
+    with holder:
+        s = script(tmp_path, "env.py", ENV_DUMP)
+        result = launch(["--nproc-per-node", "1", str(s), str(tmp_path / "a")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    port = read_envs(tmp_path / "a")[0]["MASTER_PORT"]
+    assert port != "29500"
+    assert f"port 29500 is in use; using free port {port} instead" in result.stderr
+
+
+def test_busy_explicit_port_fails_before_any_rank_starts(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        s = script(tmp_path, "env.py", ENV_DUMP)
+        result = launch(["--nproc-per-node", "2", "--master-port", str(port), str(s), str(tmp_path / "a")], tmp_path)
+    assert result.returncode == 1
+    assert f"master port {port} is already in use" in result.stderr and "--master-port" in result.stderr
+    assert not (tmp_path / "a").exists()
+
+
+# -------------------------------------------------------------------------- launch_distributed.sh/.bat
+
+
+@posix_only
+@pytest.mark.parametrize("args", [[], ["2"], ["0", "python"], ["x", "python"], ["-1", "python"]])
+def test_shell_launcher_usage_errors(tmp_path, args):
+    result = launch(args, tmp_path, command=[str(ROOT / "launch_distributed.sh")])
+    assert result.returncode == 2
+    assert "usage: " in result.stderr
+
+
+@posix_only
+def test_shell_launcher_runs_the_command_on_n_ranks(tmp_path):
+    s = script(tmp_path, "env.py", ENV_DUMP)
+    env = clean_env(PYTHON=sys.executable, LAUNCH_ARGS=f"--master-port {free_port()}")
+    result = launch(["2", sys.executable, str(s), str(tmp_path / "a")], tmp_path, env,
+                    command=[str(ROOT / "launch_distributed.sh")])
+    assert result.returncode == 0, result.stderr
+    assert set(read_envs(tmp_path / "a")) == {0, 1}
+
+
+def test_batch_launcher_has_crlf_line_endings():
+    data = (ROOT / "launch_distributed.bat").read_bytes()
+    assert b"pycyxwiz.launch" in data
+    assert data.count(b"\n") == data.count(b"\r\n") > 0
