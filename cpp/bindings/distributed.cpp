@@ -27,6 +27,10 @@ struct PyWork {
 
   // Waits with the GIL released, waking every 100 ms so that Ctrl-C is not held up.
   bool wait(std::optional<double> timeoutSeconds) {
+    if (work->isCompleted()) {  // blocking calls usually ran on this thread already
+      work->wait();
+      return true;
+    }
     auto start = std::chrono::steady_clock::now();
     for (;;) {
       auto slice = std::chrono::milliseconds(100);

@@ -1,5 +1,7 @@
 #include "cyxwiz/comm/monitor.h"
 
+#include <poll.h>
+
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/comm/tcp_store.h"
 
@@ -14,6 +16,11 @@ void raiseFailure(wire::ErrorKind kind, const std::string& message) {
   throw NetworkError(message);
 }
 
+std::string noticeText(const Failure& failure) {
+  if (failure.origin == 0 && failure.message.rfind("lost the connection to rank 0", 0) == 0) return failure.message;
+  return makeString("stopped because rank ", failure.origin, " failed: ", failure.message);
+}
+
 Monitor::Monitor(const DistributedConfig& config, Deadline deadline)
     : socket_(dialRendezvous(config, wire::Channel::Monitor, deadline)),
       master_(makeString(config.masterAddr, ":", config.masterPort)) {}
@@ -21,27 +28,46 @@ Monitor::Monitor(const DistributedConfig& config, Deadline deadline)
 std::optional<Failure> Monitor::read() {
   if (shutdown_) return std::nullopt;
   uint8_t buf[4096];
+  bool closed = false;
   for (;;) {
     IoStatus st = socket_.recvSome(buf, sizeof buf);
     if (!st.ok()) {
-      shutdown_ = true;
-      return Failure{wire::ErrorKind::Network, 0,
-                     makeString("lost the connection to rank 0 (", master_, "), which serves the rendezvous: ",
-                                st.describe(), "; rank 0 died or was killed")};
+      closed = true;
+      break;
     }
     if (st.done == 0) break;
     in_.insert(in_.end(), buf, buf + st.done);
   }
-  if (in_.size() < wire::kFrameBytes) return std::nullopt;
-  wire::Frame f = wire::decodeFrame(in_.data());
-  if (in_.size() < wire::kFrameBytes + f.length) return std::nullopt;
-  std::string message(reinterpret_cast<const char*>(in_.data()) + wire::kFrameBytes, f.length);
-  in_.erase(in_.begin(), in_.begin() + static_cast<long>(wire::kFrameBytes + f.length));
-  if (f.type == static_cast<uint8_t>(wire::Notice::Shutdown)) {
-    shutdown_ = true;
-    return std::nullopt;
+  // A notice that arrived just before the close explains it: read it first.
+  if (in_.size() >= wire::kFrameBytes) {
+    wire::Frame f = wire::decodeFrame(in_.data());
+    if (in_.size() >= wire::kFrameBytes + f.length) {
+      std::string message(reinterpret_cast<const char*>(in_.data()) + wire::kFrameBytes, f.length);
+      in_.erase(in_.begin(), in_.begin() + static_cast<long>(wire::kFrameBytes + f.length));
+      if (f.type == static_cast<uint8_t>(wire::Notice::Abort)) {
+        return Failure{static_cast<wire::ErrorKind>(f.kind), static_cast<int>(f.word), message};
+      }
+      shutdown_ = true;  // rank 0 finalized: the job ended on purpose
+      return std::nullopt;
+    }
   }
-  return Failure{static_cast<wire::ErrorKind>(f.kind), static_cast<int>(f.word), message};
+  if (closed) {
+    shutdown_ = true;
+    return Failure{wire::ErrorKind::Network, 0,
+                   makeString("lost the connection to rank 0 (", master_, "), which serves the rendezvous: ",
+                              "connection closed; rank 0 died or was killed")};
+  }
+  return std::nullopt;
+}
+
+std::optional<Failure> Monitor::waitForNotice(Deadline deadline) {
+  while (fd() >= 0) {
+    pollfd p{fd(), POLLIN, 0};
+    int wait = msUntil(deadline);
+    if (wait <= 0 || ::poll(&p, 1, wait) <= 0) return std::nullopt;
+    if (auto f = read()) return f;
+  }
+  return std::nullopt;
 }
 
 void Monitor::report(wire::ErrorKind kind, const std::string& message) {

@@ -21,6 +21,9 @@ struct Failure {
   std::string message;   // as that rank raised it
 };
 
+// "stopped because rank 1 failed: <its message>" (or just the message when rank 0 was lost).
+std::string noticeText(const Failure& failure);
+
 // Throws the exception class that matches `kind` (NetworkError, TimeoutError, BackendError).
 [[noreturn]] void raiseFailure(wire::ErrorKind kind, const std::string& message);
 
@@ -32,6 +35,8 @@ class Monitor {
   int fd() const { return shutdown_ ? -1 : socket_.fd(); }
   // Call when fd() is readable: the failure another rank reported (or rank 0's loss), if any.
   std::optional<Failure> read();
+  // Waits until the deadline for a failure notice (nothing when the deadline passes quietly).
+  std::optional<Failure> waitForNotice(Deadline deadline);
   // Best effort: tells rank 0 why this rank stops, so that the other ranks stop too.
   void report(wire::ErrorKind kind, const std::string& message);
   // This rank finalizes on purpose; its disconnect is not a failure.

@@ -321,6 +321,10 @@ void StoreServer::run() {
     loop.expireSilent();
     loop.sweep();
   }
+  // A failure reported just before stop() (rank 0's own init failing) still reaches the others.
+  for (auto& c : loop.connections()) {
+    if (!c->dead) loop.onReadable(*c);
+  }
   loop.shutdown();
 }
 

@@ -1,6 +1,12 @@
 #include "cyxwiz/comm/work.h"
 
+#include "cyxwiz/common/error.h"
+
 namespace cyxwiz::comm {
+
+std::string Work::description() const {
+  return makeString("[rank ", rank_, "/", worldSize_, "] ", call_.describe());
+}
 
 bool Work::isCompleted() const {
   std::lock_guard<std::mutex> lock(mutex_);

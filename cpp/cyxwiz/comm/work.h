@@ -7,11 +7,15 @@
 #include <mutex>
 #include <string>
 
+#include "cyxwiz/comm/types.h"
+
 namespace cyxwiz::comm {
 
 class Work {
  public:
-  explicit Work(std::string description) : description_(std::move(description)) {}
+  // The description ("[rank 1/4] all_reduce #7 (float32, 1000 elements, SUM)") is formatted only
+  // when a message needs it: the latency path pays for no strings.
+  Work(const CallSignature& call, int rank, int worldSize) : call_(call), rank_(rank), worldSize_(worldSize) {}
 
   bool isCompleted() const;
   bool isSuccess() const;             // completed without an error
@@ -21,13 +25,15 @@ class Work {
   void wait();
   // As wait(), but gives up after `timeout`: false when the collective is still running.
   bool waitFor(std::chrono::milliseconds timeout);
-  const std::string& description() const { return description_; }
+  std::string description() const;
+  const CallSignature& call() const { return call_; }
 
   // Called once, by the thread that ran the collective.
   void finish(std::exception_ptr error = nullptr);
 
  private:
-  std::string description_;
+  CallSignature call_;
+  int rank_, worldSize_;
   mutable std::mutex mutex_;
   std::condition_variable done_;
   bool completed_ = false;

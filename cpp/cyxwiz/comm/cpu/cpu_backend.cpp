@@ -56,11 +56,15 @@ CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config) {
   if (config.worldSize > 1) {
     Deadline deadline = deadlineAfterMs(config.timeoutMs);
     if (config.rank == 0) server_ = std::make_unique<StoreServer>(config.masterPort, jobIdentityOf(config), std::min<int64_t>(config.timeoutMs, 10000));
-    store_ = std::make_unique<TcpStore>(config, deadline);
-    monitor_ = std::make_unique<Monitor>(config, deadline);
-    RingLinks links = connectRing(config, *store_, store_->localIp(), deadline);
-    left_ = std::move(links.left);
-    right_ = std::move(links.right);
+    try {
+      store_ = std::make_unique<TcpStore>(config, deadline);
+      monitor_ = std::make_unique<Monitor>(config, deadline);
+      RingLinks links = connectRing(config, *store_, store_->localIp(), deadline);
+      left_ = std::move(links.left);
+      right_ = std::move(links.right);
+    } catch (...) {
+      failRendezvous(std::current_exception());
+    }
   }
   worker_ = std::thread([this] { workerLoop(); });
   // Every rank leaves init only once the whole ring has carried a message.
@@ -75,12 +79,24 @@ CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config) {
 
 CpuBackend::~CpuBackend() { shutdown(); }
 
+void CpuBackend::failRendezvous(std::exception_ptr error) {
+  if (!monitor_) std::rethrow_exception(error);
+  // A lost store usually means rank 0 gave up and said why on the monitor: report that cause.
+  if (kindOf(error) == wire::ErrorKind::Network) {
+    if (auto failure = monitor_->waitForNotice(deadlineAfterMs(1000))) {
+      raiseFailure(failure->kind, makeString(rankPrefix(), "init: ", noticeText(*failure)));
+    }
+  }
+  monitor_->report(kindOf(error), messageOf(error));
+  std::rethrow_exception(error);
+}
+
 std::shared_ptr<Work> CpuBackend::submit(CallSignature call, bool async, std::function<void(Ring&)> body) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (broken_) std::rethrow_exception(broken_);
   if (closed_) throw DistError(makeString(rankPrefix(), collectiveName(call.collective), ": the process group was finalized; call init() again first"));
   call.sequence = ++sequence_;
-  Task task{call, std::move(body), std::make_shared<Work>(rankPrefix() + call.describe())};
+  Task task{call, std::move(body), std::make_shared<Work>(call, config_.rank, config_.worldSize)};
   auto work = task.work;
   if (async) {
     queue_.push_back(std::move(task));
@@ -104,7 +120,7 @@ void CpuBackend::execute(Task& task) {
     if (broken_) return task.work->finish(broken_);
   }
   try {
-    Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, task.work->description());
+    Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work);
     Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call);
     task.body(ring);
     task.work->finish();

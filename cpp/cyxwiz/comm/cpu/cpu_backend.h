@@ -51,6 +51,7 @@ class CpuBackend final : public Backend {
   std::shared_ptr<Work> submit(CallSignature call, bool async, std::function<void(Ring&)> body);
   void execute(Task& task);
   void workerLoop();
+  [[noreturn]] void failRendezvous(std::exception_ptr error);
 
   std::unique_ptr<StoreServer> server_;  // rank 0 only
   std::unique_ptr<TcpStore> store_;

@@ -59,8 +59,8 @@ bool wouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == 
 
 }  // namespace
 
-Duplex::Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, std::string what)
-    : left_(left), right_(right), monitor_(monitor), deadline_(deadline), timeoutMs_(timeoutMs), what_(std::move(what)) {}
+Duplex::Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, const Work& work)
+    : left_(left), right_(right), monitor_(monitor), deadline_(deadline), timeoutMs_(timeoutMs), work_(work) {}
 
 void Duplex::run(Step& step) {
   Cursor out(step.send), in(step.recv);
@@ -132,26 +132,21 @@ void Duplex::run(Step& step) {
 }
 
 void Duplex::checkMonitor() {
-  if (auto failure = monitor_->read()) {
-    std::string who = failure->origin == 0 && failure->message.rfind("lost the connection to rank 0", 0) == 0
-                          ? std::string("")
-                          : makeString("stopped because rank ", failure->origin, " failed: ");
-    raiseFailure(failure->kind, makeString(what_, ": ", who, failure->message));
-  }
+  if (auto failure = monitor_->read()) raiseNotice(*failure);
 }
+
+void Duplex::raiseNotice(const Failure& failure) { raiseFailure(failure.kind, makeString(what(), ": ", noticeText(failure))); }
 
 void Duplex::peerLost(const Pair& peer, bool receiving, int err, size_t done, size_t total) {
   // The monitor usually knows why the peer went away (it died; it failed first): wait a moment for
   // that, so that every rank reports the same first cause.
-  Deadline grace = std::min(deadline_, Clock::now() + std::chrono::milliseconds(1000));
-  while (monitor_ != nullptr && monitor_->fd() >= 0) {
-    pollfd p{monitor_->fd(), POLLIN, 0};
-    int wait = msUntil(grace);
-    if (wait <= 0 || ::poll(&p, 1, wait) <= 0) break;
-    checkMonitor();
+  if (monitor_ != nullptr) {
+    if (auto failure = monitor_->waitForNotice(std::min(deadline_, Clock::now() + std::chrono::milliseconds(1000)))) {
+      raiseNotice(*failure);
+    }
   }
   std::string how = err == 0 ? "closed the connection" : "reset the connection (" + errnoString(err) + ")";
-  throw NetworkError(makeString(what_, ": ", peer.name(), " ", how, " while this rank was ",
+  throw NetworkError(makeString(what(), ": ", peer.name(), " ", how, " while this rank was ",
                                 receiving ? "receiving from it" : "sending to it", " (", done, " of ", total,
                                 " bytes of this step): rank ", peer.rank, " exited, crashed or stopped calling "
                                 "collectives early; every rank must call the same collectives in the same order"));
@@ -160,7 +155,7 @@ void Duplex::peerLost(const Pair& peer, bool receiving, int err, size_t done, si
 void Duplex::timedOut(bool receiving, size_t done, size_t total) {
   const Pair& peer = receiving ? *left_ : *right_;
   throw TimeoutError(makeString(
-      what_, ": ", receiving ? "no data from " : "no progress sending to ", peer.name(), " within the timeout of ",
+      what(), ": ", receiving ? "no data from " : "no progress sending to ", peer.name(), " within the timeout of ",
       timeoutMs_, " ms (", done, " of ", total, " bytes of this step): rank ", peer.rank,
       " is stopped, busy, or waiting on another rank that is; check that every rank calls the same collectives, "
       "or raise DISTRIBUTED_TIMEOUT_MS"));

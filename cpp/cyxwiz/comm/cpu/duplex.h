@@ -15,6 +15,7 @@
 
 #include "cyxwiz/comm/cpu/pair.h"
 #include "cyxwiz/comm/monitor.h"
+#include "cyxwiz/comm/work.h"
 
 namespace cyxwiz::comm {
 
@@ -36,22 +37,23 @@ struct Step {
 
 class Duplex {
  public:
-  // `what` starts every error message: "[rank 1/4] all_reduce #7 (float32, 1000 elements, SUM)".
-  Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, std::string what);
+  // `work` names the collective in every error message.
+  Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, const Work& work);
   void run(Step& step);
-  const std::string& what() const { return what_; }
+  std::string what() const { return work_.description(); }
 
  private:
   [[noreturn]] void peerLost(const Pair& peer, bool receiving, int err, size_t done, size_t total);
   [[noreturn]] void timedOut(bool receiving, size_t done, size_t total);
   void checkMonitor();
+  [[noreturn]] void raiseNotice(const Failure& failure);
 
   Pair* left_;
   Pair* right_;
   Monitor* monitor_;
   Deadline deadline_;
   int64_t timeoutMs_;
-  std::string what_;
+  const Work& work_;
 };
 
 }  // namespace cyxwiz::comm
