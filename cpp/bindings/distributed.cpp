@@ -9,6 +9,7 @@
 
 #include "cyxwiz/comm/process_group.h"
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/common/sha256.h"
 #include "numpy_convert.h"
 
 namespace py = pybind11;
@@ -134,6 +135,7 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
       .def_readwrite("backend", &DistributedConfig::backend)
       .def_readwrite("timeout_ms", &DistributedConfig::timeoutMs)
       .def_readwrite("job_id", &DistributedConfig::jobId)
+      .def_readwrite("secret", &DistributedConfig::secret, "Shared secret every rank must prove (CYXWIZ_SECRET); never printed.")
       .def_readonly("source", &DistributedConfig::source)
       .def_static("from_environment", &DistributedConfig::fromEnvironment)
       .def("__repr__", [](const DistributedConfig& c) { return "DistributedConfig(" + c.describe() + ")"; });
@@ -199,6 +201,13 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
     return finish(released([&] { return b->reduceScatter(in, outTensor, op, async); }), async, out);
   }, py::arg("array"), py::arg("op") = ReduceOp::Sum, py::arg("async_op") = false,
      "Combine across ranks and return this rank's part: numpy.array_split(result.ravel(), world_size)[rank].");
+
+  // For tests against hashlib/hmac: the primitive behind the shared-secret handshake.
+  d.def("_hmac_sha256", [](const std::string& key, py::bytes message) {
+    std::string m = message;
+    Digest mac = hmacSha256(key, m.data(), m.size());
+    return py::bytes(reinterpret_cast<const char*>(mac.data()), mac.size());
+  });
 
   d.def("barrier", [](bool async) {
     auto b = backend("barrier");

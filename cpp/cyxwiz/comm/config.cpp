@@ -141,6 +141,7 @@ DistributedConfig DistributedConfig::fromEnvironment() {
                                int64_t{1} << 40, "milliseconds > 0");
   }
   c.jobId = jobIdFromEnvironment();
+  if (auto secret = env("CYXWIZ_SECRET")) c.secret = *secret;
   return c;
 }
 
@@ -161,7 +162,7 @@ void DistributedConfig::validate() const {
 std::string DistributedConfig::describe() const {
   return makeString("rank ", rank, "/", worldSize, " (local ", localRank, "), master ", masterAddr, ":", masterPort, ", ",
                     backendName(backend), ", timeout ", timeoutMs, " ms", jobId.empty() ? "" : ", job " + jobId,
-                    ", from ", source);
+                    ", from ", source, secret.empty() ? "" : ", with a shared secret");
 }
 
 }  // namespace cyxwiz::comm

@@ -29,6 +29,8 @@ struct DistributedConfig {
   // Ranks of one job must agree on it; a connection from another job is refused. From CYXWIZ_JOB_ID
   // (set by our launcher), TORCHELASTIC_RUN_ID, SLURM_JOB_ID.SLURM_STEP_ID or Open MPI's job id.
   std::string jobId;
+  // CYXWIZ_SECRET: when set, every connection proves it (HMAC) before it is accepted. Never printed.
+  std::string secret;
   // Where rank and world size came from: "RANK/WORLD_SIZE", "Slurm", "Open MPI", "MPICH", "default".
   std::string source = "default";
 

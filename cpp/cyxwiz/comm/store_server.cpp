@@ -214,9 +214,14 @@ class Loop {
     if (c.in.size() < wire::kHelloBytes) return false;
     wire::Hello hello;
     wire::decodeHello(c.in.data(), &hello);
-    c.in.erase(c.in.begin(), c.in.begin() + wire::kHelloBytes);
+    size_t length = wire::kHelloBytes + ((hello.flags & wire::kHelloHasProof) ? wire::kProofBytes : 0);
+    if (c.in.size() < length) return false;
     wire::Channel channel = hello.channel == wire::Channel::Monitor ? wire::Channel::Monitor : wire::Channel::Store;
     std::string refusal = checkHello(hello, channel, job_);
+    if (refusal.empty()) {
+      refusal = checkProof(c.in.data(), hello, length > wire::kHelloBytes ? c.in.data() + wire::kHelloBytes : nullptr, job_.secret);
+    }
+    c.in.erase(c.in.begin(), c.in.begin() + static_cast<long>(length));
     if (refusal.empty()) {
       for (auto& other : conns_) {
         if (other.get() != &c && !other->dead && other->state != Connection::Handshake &&

@@ -10,7 +10,7 @@
 namespace cyxwiz::comm {
 
 JobIdentity jobIdentityOf(const DistributedConfig& config) {
-  return {wire::hashJobId(config.jobId), config.worldSize, config.rank};
+  return {wire::hashJobId(config.jobId), config.worldSize, config.rank, config.secret};
 }
 
 Socket dialRendezvous(const DistributedConfig& config, wire::Channel channel, Deadline deadline) {
@@ -27,7 +27,7 @@ Socket dialRendezvous(const DistributedConfig& config, wire::Channel channel, De
     Deadline attempt = std::min(deadline, Clock::now() + std::chrono::seconds(5));
     Socket s = Socket::connectTo(config.masterAddr, config.masterPort, attempt, &err);
     if (s.valid()) {
-      std::string refusal = sayHello(s, hello, deadline);
+      std::string refusal = sayHello(s, hello, config.secret, deadline);
       if (refusal.empty()) return s;
       if (refusal.rfind("no answer", 0) != 0) {
         throw StoreError(makeString(rankPrefix(), "init: rank 0's rendezvous at ", master, " refused this rank: ", refusal));

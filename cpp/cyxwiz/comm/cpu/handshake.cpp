@@ -2,16 +2,58 @@
 
 #include <cctype>
 #include <cstdio>
+#include <random>
 #include <vector>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/common/sha256.h"
 
 namespace cyxwiz::comm {
 
-bool sendHello(const Socket& s, const wire::Hello& hello, Deadline deadline) {
-  uint8_t buf[wire::kHelloBytes];
+namespace {
+
+constexpr char kProofLabel[] = "pycyxwiz hello proof v1";
+
+Digest proofMac(const std::string& secret, const uint8_t* helloBytes, const uint8_t* nonce) {
+  std::vector<uint8_t> msg(kProofLabel, kProofLabel + sizeof kProofLabel);
+  msg.insert(msg.end(), helloBytes, helloBytes + wire::kHelloBytes);
+  msg.insert(msg.end(), nonce, nonce + 16);
+  return hmacSha256(secret, msg.data(), msg.size());
+}
+
+}  // namespace
+
+bool sendHello(const Socket& s, wire::Hello hello, const std::string& secret, Deadline deadline) {
+  uint8_t buf[wire::kHelloBytes + wire::kProofBytes];
+  size_t n = wire::kHelloBytes;
+  if (!secret.empty()) hello.flags |= wire::kHelloHasProof;
   wire::encodeHello(hello, buf);
-  return s.sendAll(buf, sizeof buf, deadline).ok();
+  if (!secret.empty()) {
+    std::random_device random;
+    for (int i = 0; i < 16; i += 4) {
+      uint32_t r = random();
+      std::memcpy(buf + wire::kHelloBytes + i, &r, 4);
+    }
+    Digest mac = proofMac(secret, buf, buf + wire::kHelloBytes);
+    std::memcpy(buf + wire::kHelloBytes + 16, mac.data(), mac.size());
+    n += wire::kProofBytes;
+  }
+  return s.sendAll(buf, n, deadline).ok();
+}
+
+std::string checkProof(const uint8_t helloBytes[wire::kHelloBytes], const wire::Hello& hello, const uint8_t* proof,
+                       const std::string& secret) {
+  bool proves = (hello.flags & wire::kHelloHasProof) != 0 && proof != nullptr;
+  if (secret.empty() && proves) {
+    return "it proves a shared secret (CYXWIZ_SECRET) but this rank has none: set the same CYXWIZ_SECRET on every rank";
+  }
+  if (secret.empty()) return "";
+  if (!proves) return "it does not prove the job's shared secret: set the same CYXWIZ_SECRET on every rank";
+  Digest expected = proofMac(secret, helloBytes, proof);
+  if (!digestsEqual(expected.data(), proof + 16, expected.size())) {
+    return "its proof of the shared secret is wrong: CYXWIZ_SECRET differs between ranks";
+  }
+  return "";
 }
 
 std::string awaitHelloReply(const Socket& s, Deadline deadline) {
@@ -29,8 +71,8 @@ std::string awaitHelloReply(const Socket& s, Deadline deadline) {
   return reason.empty() ? "refused" : reason;
 }
 
-std::string sayHello(const Socket& s, const wire::Hello& hello, Deadline deadline) {
-  if (!sendHello(s, hello, deadline)) return "no answer: sending the hello failed";
+std::string sayHello(const Socket& s, const wire::Hello& hello, const std::string& secret, Deadline deadline) {
+  if (!sendHello(s, hello, secret, deadline)) return "no answer: sending the hello failed";
   return awaitHelloReply(s, deadline);
 }
 

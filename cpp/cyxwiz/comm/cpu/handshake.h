@@ -16,19 +16,27 @@ struct JobIdentity {
   uint64_t jobHash = 0;
   int worldSize = 1;
   int rank = 0;
+  std::string secret;  // CYXWIZ_SECRET; empty: peers need not prove anything
 };
 
 // The two halves of sayHello, for ring links: every rank sends its hello to the right, then answers
 // the one from its left, then reads its own answer, so no rank waits on a circle of others.
-bool sendHello(const Socket& s, const wire::Hello& hello, Deadline deadline);
+// With a non-empty secret the hello carries a proof (a fresh nonce and an HMAC of hello + nonce
+// under the secret): the secret itself never crosses the wire.
+bool sendHello(const Socket& s, wire::Hello hello, const std::string& secret, Deadline deadline);
 std::string awaitHelloReply(const Socket& s, Deadline deadline);
 
 // Sends the hello and waits for the answer. Returns "" when welcomed, else the acceptor's reason
 // (or what went wrong on the wire, starting with "no answer").
-std::string sayHello(const Socket& s, const wire::Hello& hello, Deadline deadline);
+std::string sayHello(const Socket& s, const wire::Hello& hello, const std::string& secret, Deadline deadline);
 
 // Checks a received hello. Returns "" when acceptable, else a reason for the caller and the log.
 std::string checkHello(const wire::Hello& got, wire::Channel expected, const JobIdentity& job);
+
+// Checks the proof that follows a hello with kHelloHasProof (`proof` null when there is none).
+// Returns "" when this rank's secret and the caller's agree.
+std::string checkProof(const uint8_t helloBytes[wire::kHelloBytes], const wire::Hello& hello, const uint8_t* proof,
+                       const std::string& secret);
 
 // Answers a hello (best effort: the caller may already be gone).
 void replyHello(const Socket& s, const std::string& refusal, Deadline deadline);

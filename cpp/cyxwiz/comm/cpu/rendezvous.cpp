@@ -46,21 +46,24 @@ Pair dialRight(int rank, const std::string& address, Deadline deadline) {
 
 // Accepts connections until rank `from` introduces itself; strangers are logged and dropped.
 Pair acceptLeft(const DistributedConfig& config, const Socket& listener, int from, Deadline deadline) {
-  JobIdentity job{wire::hashJobId(config.jobId), config.worldSize, config.rank};
+  JobIdentity job = jobIdentityOf(config);
   while (Clock::now() < deadline) {
     Socket s = listener.accept(deadline);
     if (!s.valid()) continue;
     std::string peer = s.peerAddress();
-    uint8_t buf[wire::kHelloBytes] = {};
+    uint8_t buf[wire::kHelloBytes + wire::kProofBytes] = {};
     Deadline helloBy = std::min(deadline, Clock::now() + std::chrono::seconds(5));
-    IoStatus st = s.recvAll(buf, sizeof buf, helloBy);
+    IoStatus st = s.recvAll(buf, wire::kHelloBytes, helloBy);
     wire::Hello hello;
     if (!st.ok() || !wire::decodeHello(buf, &hello)) {
       logWarning(makeString("init: dropped a connection from ", peer, " to this rank's ring port: not a pycyxwiz peer (it sent ",
                             describeStrangerBytes(buf, st.done), ")"));
       continue;
     }
+    bool hasProof = (hello.flags & wire::kHelloHasProof) != 0;
+    if (hasProof && !s.recvAll(buf + wire::kHelloBytes, wire::kProofBytes, helloBy).ok()) continue;
     std::string refusal = checkHello(hello, wire::Channel::Ring, job);
+    if (refusal.empty()) refusal = checkProof(buf, hello, hasProof ? buf + wire::kHelloBytes : nullptr, job.secret);
     if (refusal.empty() && static_cast<int>(hello.rank) != from) {
       refusal = makeString("it is rank ", hello.rank, " but this rank's left neighbour is rank ", from);
     }
@@ -93,9 +96,12 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
   const int rightRank = (rank + 1) % n, leftRank = (rank + n - 1) % n;
   RingLinks links;
   links.right = dialRight(rightRank, store.get(addressKey(rightRank), deadline), deadline);
-  wire::Hello hello{wire::kProtocolVersion, wire::Channel::Ring, wire::hashJobId(config.jobId),
-                    static_cast<uint32_t>(n), static_cast<uint32_t>(rank)};
-  sendHello(links.right.socket, hello, deadline);
+  wire::Hello hello;
+  hello.channel = wire::Channel::Ring;
+  hello.jobHash = wire::hashJobId(config.jobId);
+  hello.worldSize = static_cast<uint32_t>(n);
+  hello.rank = static_cast<uint32_t>(rank);
+  sendHello(links.right.socket, hello, config.secret, deadline);
   links.left = acceptLeft(config, listener, leftRank, deadline);
   std::string refusal = awaitHelloReply(links.right.socket, deadline);
   if (!refusal.empty()) {

@@ -31,7 +31,8 @@ void encodeHello(const Hello& h, uint8_t out[kHelloBytes]) {
   std::memset(out, 0, kHelloBytes);
   std::memcpy(out, kHelloMagic, 8);
   put<uint32_t>(out, 8, h.version);
-  put<uint32_t>(out, 12, static_cast<uint32_t>(h.channel));
+  put<uint16_t>(out, 12, static_cast<uint16_t>(h.channel));
+  put<uint16_t>(out, 14, h.flags);
   put<uint64_t>(out, 16, h.jobHash);
   put<uint32_t>(out, 24, h.worldSize);
   put<uint32_t>(out, 28, h.rank);
@@ -40,7 +41,8 @@ void encodeHello(const Hello& h, uint8_t out[kHelloBytes]) {
 bool decodeHello(const uint8_t in[kHelloBytes], Hello* h) {
   if (std::memcmp(in, kHelloMagic, 8) != 0) return false;
   h->version = get<uint32_t>(in, 8);
-  h->channel = static_cast<Channel>(get<uint32_t>(in, 12));
+  h->channel = static_cast<Channel>(get<uint16_t>(in, 12));
+  h->flags = get<uint16_t>(in, 14);
   h->jobHash = get<uint64_t>(in, 16);
   h->worldSize = get<uint32_t>(in, 24);
   h->rank = get<uint32_t>(in, 28);

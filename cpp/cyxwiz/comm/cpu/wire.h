@@ -21,13 +21,17 @@ constexpr size_t kHelloBytes = 32;
 constexpr size_t kCallHeaderBytes = 32;
 constexpr size_t kFrameBytes = 16;
 constexpr size_t kMaxReasonBytes = 4096;
+// With a shared secret, the hello is followed by a proof: nonce (16) + HMAC-SHA256 (32).
+constexpr uint16_t kHelloHasProof = 1;
+constexpr size_t kProofBytes = 48;
 
-enum class Channel : uint32_t { Store = 1, Monitor = 2, Ring = 3 };
+enum class Channel : uint16_t { Store = 1, Monitor = 2, Ring = 3 };
 const char* channelName(Channel c);
 
 struct Hello {
   uint32_t version = kProtocolVersion;
   Channel channel = Channel::Store;
+  uint16_t flags = 0;
   uint64_t jobHash = 0;
   uint32_t worldSize = 0;
   uint32_t rank = 0;
