@@ -1,6 +1,7 @@
 #include "cyxwiz/comm/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "cyxwiz/comm/cpu/duplex.h"
 #include "cyxwiz/comm/cpu/rendezvous.h"
@@ -52,7 +53,20 @@ void requireCpu(const Tensor& t, const char* what) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config) {
+namespace {
+
+// CYXWIZ_SPIN_US, else 50 us when this machine has a core for every local rank, else 0.
+std::chrono::microseconds spinBudget(int worldSize) {
+  if (const char* v = std::getenv("CYXWIZ_SPIN_US")) return std::chrono::microseconds(std::atoll(v));
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  long ranksHere = local ? std::atol(local) : worldSize;
+  long cores = static_cast<long>(std::thread::hardware_concurrency());
+  return std::chrono::microseconds(ranksHere > 0 && ranksHere <= cores ? 50 : 0);
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config), spin_(spinBudget(config.worldSize)) {
   if (config.worldSize > 1) {
     Deadline deadline = deadlineAfterMs(config.timeoutMs);
     if (config.rank == 0) server_ = std::make_unique<StoreServer>(config.masterPort, jobIdentityOf(config), std::min<int64_t>(config.timeoutMs, 10000));
@@ -120,7 +134,7 @@ void CpuBackend::execute(Task& task) {
     if (broken_) return task.work->finish(broken_);
   }
   try {
-    Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work);
+    Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work, spin_);
     Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call);
     task.body(ring);
     task.work->finish();

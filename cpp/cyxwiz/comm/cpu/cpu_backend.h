@@ -58,6 +58,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Monitor> monitor_;
   Pair left_, right_;
   std::vector<uint8_t> scratch_;  // receive and gather space, kept between calls
+  std::chrono::microseconds spin_;
 
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -59,8 +59,9 @@ bool wouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == 
 
 }  // namespace
 
-Duplex::Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, const Work& work)
-    : left_(left), right_(right), monitor_(monitor), deadline_(deadline), timeoutMs_(timeoutMs), work_(work) {}
+Duplex::Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, const Work& work,
+               std::chrono::microseconds spin)
+    : left_(left), right_(right), monitor_(monitor), deadline_(deadline), timeoutMs_(timeoutMs), work_(work), spin_(spin) {}
 
 void Duplex::run(Step& step) {
   Cursor out(step.send), in(step.recv);
@@ -70,6 +71,7 @@ void Duplex::run(Step& step) {
   auto payloadIn = [&] { return in.done() > header ? in.done() - header : 0; };
   auto sendLimit = [&] { return step.relay ? std::min(out.total(), step.sendHeaderBytes + payloadIn()) : out.total(); };
   iovec iov[kMaxIov];
+  Deadline idleSince{};
 
   while (!out.finished() || !in.finished()) {
     bool moved = false;
@@ -111,7 +113,16 @@ void Duplex::run(Step& step) {
         peerLost(*left_, true, errno, in.done(), in.total());
       }
     }
-    if (moved) continue;
+    if (moved) {
+      idleSince = Deadline{};
+      continue;
+    }
+    // Spin briefly before sleeping in poll(): a wake-up costs more than a small message's flight.
+    if (spin_.count() > 0) {
+      auto now = Clock::now();
+      if (idleSince == Deadline{}) idleSince = now;
+      if (now - idleSince < spin_) continue;
+    }
 
     pollfd fds[3];
     int n = 0, monitorAt = -1;

@@ -37,8 +37,10 @@ struct Step {
 
 class Duplex {
  public:
-  // `work` names the collective in every error message.
-  Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, const Work& work);
+  // `work` names the collective in every error message. `spin`: how long to retry without sleeping
+  // when neither socket is ready (0 when ranks outnumber cores: spinning would starve a peer).
+  Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, const Work& work,
+         std::chrono::microseconds spin);
   void run(Step& step);
   std::string what() const { return work_.description(); }
 
@@ -54,6 +56,7 @@ class Duplex {
   Deadline deadline_;
   int64_t timeoutMs_;
   const Work& work_;
+  std::chrono::microseconds spin_;
 };
 
 }  // namespace cyxwiz::comm
