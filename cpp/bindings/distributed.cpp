@@ -98,6 +98,9 @@ void registerExceptions(py::module_& d) {
       PyErr_SetString(backendError.ptr(), e.what());
     } catch (const cyxwiz::DistError& e) {
       PyErr_SetString(distError.ptr(), e.what());
+    } catch (const cyxwiz::Interrupted&) {
+      // The signal handler already raised (KeyboardInterrupt, or the user's own exception).
+      if (!PyErr_Occurred()) PyErr_SetNone(PyExc_KeyboardInterrupt);
     }
   });
 }
@@ -106,9 +109,16 @@ std::vector<py::ssize_t> shapeOf(const Tensor& t) { return std::vector<py::ssize
 
 }  // namespace
 
+// Runs Python's signal handlers from a blocking collective (called about every 100 ms).
+static bool pythonSignalPending() {
+  py::gil_scoped_acquire gil;
+  return PyErr_CheckSignals() != 0;
+}
+
 void init_distributed(py::module_& m) {
   py::module_ d = m.def_submodule("distributed", "Data-parallel communication: init, collectives, errors.");
   registerExceptions(d);
+  setInterruptCheck(&pythonSignalPending);
 
   py::enum_<BackendType>(d, "BackendType", "Which backend carries the collectives.")
       .value("CPU", BackendType::CPU, "TCP ring all-reduce between processes (any platform)")

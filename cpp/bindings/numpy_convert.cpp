@@ -93,24 +93,18 @@ Tensor targetTensor(py::handle obj, const char* what) {
   return out;
 }
 
-Tensor fromNumpyAnyDtype(py::handle obj, const char* what) {
-  py::array arr = asNumericArray(obj, what);
-  // A Tensor hands out writable views, so read-only memory (bytes, frozen arrays) is copied first.
-  if (!arr.writeable()) arr = py::array::ensure(py::module_::import("numpy").attr("array")(arr));
-  auto dt = arr.dtype();
-  if (dt.is(py::dtype::of<double>())) return wrap(py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(arr));
-  if (dt.is(py::dtype::of<int32_t>())) return wrap(py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(arr));
-  if (dt.is(py::dtype::of<int64_t>())) return wrap(py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr));
-  return floatTensor(arr, what);
-}
-
 namespace {
 
+// By kind and size, not object identity: unpickled arrays and numpy.longlong carry equal dtypes
+// that are distinct objects.
 std::optional<DType> collectiveDType(const py::dtype& dt) {
-  if (dt.is(py::dtype::of<float>())) return DType::Float32;
-  if (dt.is(py::dtype::of<double>())) return DType::Float64;
-  if (dt.is(py::dtype::of<int32_t>())) return DType::Int32;
-  if (dt.is(py::dtype::of<int64_t>())) return DType::Int64;
+  if (!dt.attr("isnative").cast<bool>()) return std::nullopt;
+  char kind = dt.kind();
+  auto size = dt.itemsize();
+  if (kind == 'f' && size == 4) return DType::Float32;
+  if (kind == 'f' && size == 8) return DType::Float64;
+  if (kind == 'i' && size == 4) return DType::Int32;
+  if (kind == 'i' && size == 8) return DType::Int64;
   return std::nullopt;
 }
 
@@ -128,6 +122,20 @@ py::array collectiveArray(py::handle obj, const char* what) {
 }
 
 }  // namespace
+
+Tensor fromNumpyAnyDtype(py::handle obj, const char* what) {
+  py::array arr = asNumericArray(obj, what);
+  // A Tensor hands out writable views, so read-only memory (bytes, frozen arrays) is copied first.
+  if (!arr.writeable()) arr = py::array::ensure(py::module_::import("numpy").attr("array")(arr));
+  switch (collectiveDType(arr.dtype()).value_or(DType::Float32)) {
+    case DType::Float64: return wrap(py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(arr));
+    case DType::Int32: return wrap(py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(arr));
+    case DType::Int64: return wrap(py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr));
+    case DType::Float32: break;
+  }
+  return floatTensor(arr, what);
+}
+
 
 Tensor inplaceTensor(py::handle obj, const char* what) {
   if (py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();

@@ -1,9 +1,23 @@
 #include "cyxwiz/comm/backend.h"
 
+#include <atomic>
+
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
 namespace cyxwiz::comm {
+
+namespace {
+std::atomic<InterruptCheck> gInterruptCheck{nullptr};
+}  // namespace
+
+void setInterruptCheck(InterruptCheck check) { gInterruptCheck = check; }
+InterruptCheck interruptCheck() { return gInterruptCheck.load(); }
+
+void throwIfInterrupted(const char* what) {
+  InterruptCheck check = gInterruptCheck.load();
+  if (check != nullptr && check()) throw Interrupted(makeString(rankPrefix(), what, ": interrupted (KeyboardInterrupt)"));
+}
 
 Backend::~Backend() = default;
 

@@ -16,6 +16,14 @@
 
 namespace cyxwiz::comm {
 
+// Asked every 100 ms by a collective that blocks its caller's thread: true stops it (Ctrl-C). The
+// Python bindings install one that runs Python's signal handlers.
+using InterruptCheck = bool (*)();
+void setInterruptCheck(InterruptCheck check);
+InterruptCheck interruptCheck();
+// Throws Interrupted ("<what>: interrupted") when the installed check says so.
+void throwIfInterrupted(const char* what);
+
 class Backend {
  public:
   explicit Backend(const DistributedConfig& config) : config_(config) {}

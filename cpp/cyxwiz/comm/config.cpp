@@ -60,7 +60,10 @@ std::string jobIdFromEnvironment() {
   for (const char* name : {"CYXWIZ_JOB_ID", "TORCHELASTIC_RUN_ID"}) {
     if (auto v = env(name)) return *v;
   }
-  if (auto job = env("SLURM_JOB_ID")) return *job + "." + env("SLURM_STEP_ID").value_or("");
+  if (auto job = env("SLURM_JOB_ID")) {
+    auto step = env("SLURM_STEP_ID");
+    return step ? *job + "." + *step : *job;
+  }
   for (const char* name : {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_ID_STRING"}) {
     if (auto v = env(name)) return *v;
   }
@@ -134,6 +137,14 @@ DistributedConfig DistributedConfig::fromEnvironment() {
   }
   if (auto port = env("MASTER_PORT")) {
     c.masterPort = static_cast<int>(requireRange("MASTER_PORT", parseInteger("MASTER_PORT", *port, "a TCP port, 1..65535"), 1, 65535, "a TCP port, 1..65535"));
+    // Under torchrun the agent's own store already listens on MASTER_PORT: take the next port.
+    if (env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+      c.masterPort = c.masterPort < 65535 ? c.masterPort + 1 : c.masterPort - 1;
+      if (c.source == "RANK/WORLD_SIZE") c.source = "torchrun";
+    }
+  }
+  if (auto port = env("CYXWIZ_MASTER_PORT")) {
+    c.masterPort = static_cast<int>(requireRange("CYXWIZ_MASTER_PORT", parseInteger("CYXWIZ_MASTER_PORT", *port, "a TCP port, 1..65535"), 1, 65535, "a TCP port, 1..65535"));
   }
   if (auto backend = env("DISTRIBUTED_BACKEND")) c.backend = parseBackend("DISTRIBUTED_BACKEND", *backend);
   if (auto timeout = env("DISTRIBUTED_TIMEOUT_MS")) {

@@ -31,6 +31,8 @@ struct DistributedConfig {
   std::string jobId;
   // CYXWIZ_SECRET: when set, every connection proves it (HMAC) before it is accepted. Never printed.
   std::string secret;
+  // Set by init(): the how-many-th init() of this process (not user-facing).
+  uint32_t generation = 0;
   // Where rank and world size came from: "RANK/WORLD_SIZE", "Slurm", "Open MPI", "MPICH", "default".
   std::string source = "default";
 

@@ -12,6 +12,7 @@ namespace {
 
 std::mutex gMutex;
 std::shared_ptr<Backend> gBackend;
+uint32_t gCompletedInits = 0;  // a failed init() may be retried under the same number
 
 [[noreturn]] void notInitialized(const char* operation) {
   throw DistError(makeString(operation, ": cx.distributed is not initialized: call cx.distributed.init() first"));
@@ -33,8 +34,11 @@ void init(const DistributedConfig& config) {
         "and nvidia-cublas wheels installed: pip install --no-build-isolation .");
   }
   setLogRank(config.rank, config.worldSize);
+  DistributedConfig c = config;
+  c.generation = gCompletedInits + 1;
   try {
-    gBackend = std::make_shared<CpuBackend>(config);
+    gBackend = std::make_shared<CpuBackend>(c);
+    ++gCompletedInits;
   } catch (...) {
     clearLogRank();
     throw;

@@ -1,5 +1,7 @@
 #include "cyxwiz/comm/store.h"
 
+#include "cyxwiz/comm/backend.h"
+
 #include <algorithm>
 #include <thread>
 
@@ -16,6 +18,7 @@ std::vector<std::string> Store::waitAll(const std::vector<std::string>& keys, De
     }
     missing.swap(still);
     if (missing.empty() || Clock::now() >= deadline) return missing;
+    throwIfInterrupted("init");
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
     pause = std::min<Clock::duration>(pause * 2, std::chrono::milliseconds(20));
   }

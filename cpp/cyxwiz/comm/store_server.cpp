@@ -131,6 +131,10 @@ class Loop {
   void lost(Connection& c) {
     if (c.dead) return;
     c.dead = true;
+    if (c.state == Connection::Handshake && !c.closeAfterFlush) {
+      logWarning(makeString("rendezvous: a connection from ", c.address, " closed without a pycyxwiz hello (it sent ",
+                            describeStrangerBytes(c.in.data(), c.in.size()), "): a port scan, or a process of another program"));
+    }
     if (c.state == Connection::Monitor && !c.saidGoodbye) {
       abortJob(c.rank, wire::ErrorKind::Network,
                makeString("rank ", c.rank, " (", c.address, ") died: its connection to the rendezvous on rank 0 closed "
@@ -232,15 +236,19 @@ class Loop {
         }
       }
     }
+    bool later = false;
+    if (refusal.empty()) {
+      refusal = checkGeneration(hello, job_);
+      later = !refusal.empty();
+    }
     if (!refusal.empty()) {
-      logWarning(makeString("rendezvous: refused a connection from ", c.address, " (rank ", hello.rank, "): ", refusal));
+      if (later) {
+        logDebug(makeString("rendezvous: asked ", c.address, " (rank ", hello.rank, ") to come back: ", refusal));
+      } else {
+        logWarning(makeString("rendezvous: refused a connection from ", c.address, " (rank ", hello.rank, "): ", refusal));
+      }
       c.closeAfterFlush = true;
-      std::vector<uint8_t> out(8 + refusal.size());
-      uint32_t status = 1, length = static_cast<uint32_t>(refusal.size());
-      std::memcpy(out.data(), &status, 4);
-      std::memcpy(out.data() + 4, &length, 4);
-      std::memcpy(out.data() + 8, refusal.data(), refusal.size());
-      send(c, out);
+      send(c, encodeHelloReply(refusal, later));
       return false;
     }
     c.rank = static_cast<int>(hello.rank);

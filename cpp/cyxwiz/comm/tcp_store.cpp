@@ -1,5 +1,7 @@
 #include "cyxwiz/comm/tcp_store.h"
 
+#include "cyxwiz/comm/backend.h"
+
 #include <cerrno>
 #include <thread>
 #include <vector>
@@ -10,7 +12,7 @@
 namespace cyxwiz::comm {
 
 JobIdentity jobIdentityOf(const DistributedConfig& config) {
-  return {wire::hashJobId(config.jobId), config.worldSize, config.rank, config.secret};
+  return {wire::hashJobId(config.jobId), config.worldSize, config.rank, config.secret, config.generation};
 }
 
 Socket dialRendezvous(const DistributedConfig& config, wire::Channel channel, Deadline deadline) {
@@ -19,6 +21,7 @@ Socket dialRendezvous(const DistributedConfig& config, wire::Channel channel, De
   hello.jobHash = wire::hashJobId(config.jobId);
   hello.worldSize = static_cast<uint32_t>(config.worldSize);
   hello.rank = static_cast<uint32_t>(config.rank);
+  hello.generation = config.generation;
   std::string master = makeString(config.masterAddr, ":", config.masterPort);
   std::string lastError = "no attempt finished";
   auto pause = std::chrono::milliseconds(10);
@@ -27,12 +30,12 @@ Socket dialRendezvous(const DistributedConfig& config, wire::Channel channel, De
     Deadline attempt = std::min(deadline, Clock::now() + std::chrono::seconds(5));
     Socket s = Socket::connectTo(config.masterAddr, config.masterPort, attempt, &err);
     if (s.valid()) {
-      std::string refusal = sayHello(s, hello, config.secret, deadline);
-      if (refusal.empty()) return s;
-      if (refusal.rfind("no answer", 0) != 0) {
-        throw StoreError(makeString(rankPrefix(), "init: rank 0's rendezvous at ", master, " refused this rank: ", refusal));
+      HelloAnswer answer = sayHello(s, hello, config.secret, deadline);
+      if (answer.kind == HelloAnswer::Welcome) return s;
+      if (answer.kind == HelloAnswer::Refused) {
+        throw StoreError(makeString(rankPrefix(), "init: rank 0's rendezvous at ", master, " refused this rank: ", answer.reason));
       }
-      lastError = makeString(refusal, " from ", master);
+      lastError = makeString(answer.reason, " from ", master);
     } else if (err == ECONNREFUSED) {
       lastError = "Connection refused to " + master;
     } else if (err == ENOENT) {
@@ -40,8 +43,9 @@ Socket dialRendezvous(const DistributedConfig& config, wire::Channel channel, De
     } else {
       lastError = makeString(errnoString(err), " connecting to ", master);
     }
-    if (Clock::now() + pause >= deadline) break;
-    std::this_thread::sleep_for(pause);
+    if (Clock::now() >= deadline) break;
+    throwIfInterrupted("init");
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
     pause = std::min(pause * 2, std::chrono::milliseconds(500));
   }
   throw TimeoutError(makeString(

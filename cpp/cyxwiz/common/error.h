@@ -71,6 +71,12 @@ class BackendError : public DistError {
   using DistError::DistError;
 };
 
+// The user interrupted a blocking call (Ctrl-C). Python: the pending KeyboardInterrupt.
+class Interrupted : public Error {
+ public:
+  using Error::Error;
+};
+
 template <typename... Args>
 std::string makeString(const Args&... args) {
   std::ostringstream out;

@@ -21,6 +21,8 @@ wire::ErrorKind kindOf(std::exception_ptr e) {
     return wire::ErrorKind::Timeout;
   } catch (const NetworkError&) {
     return wire::ErrorKind::Network;
+  } catch (const Interrupted&) {
+    return wire::ErrorKind::Network;  // this rank is going away
   } catch (...) {
     return wire::ErrorKind::Backend;
   }
@@ -121,20 +123,21 @@ std::shared_ptr<Work> CpuBackend::submit(CallSignature call, bool async, std::fu
   changed_.wait(lock, [this] { return queue_.empty() && !busy_; });
   busy_ = true;
   lock.unlock();
-  execute(task);
+  execute(task, true);
   lock.lock();
   busy_ = false;
   changed_.notify_all();
   return work;
 }
 
-void CpuBackend::execute(Task& task) {
+void CpuBackend::execute(Task& task, bool onCaller) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (broken_) return task.work->finish(broken_);
   }
   try {
-    Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work, spin_);
+    Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work, spin_,
+              onCaller ? interruptCheck() : nullptr);
     Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call);
     task.body(ring);
     task.work->finish();
@@ -161,7 +164,7 @@ void CpuBackend::workerLoop() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    execute(task);
+    execute(task, false);
     lock.lock();
     busy_ = false;
     changed_.notify_all();

@@ -49,7 +49,8 @@ class CpuBackend final : public Backend {
   };
 
   std::shared_ptr<Work> submit(CallSignature call, bool async, std::function<void(Ring&)> body);
-  void execute(Task& task);
+  // onCaller: on the thread that issued it (a blocking call), which may be interrupted (Ctrl-C).
+  void execute(Task& task, bool onCaller);
   void workerLoop();
   [[noreturn]] void failRendezvous(std::exception_ptr error);
 

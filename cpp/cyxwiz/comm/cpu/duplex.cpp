@@ -60,8 +60,15 @@ bool wouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == 
 }  // namespace
 
 Duplex::Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, const Work& work,
-               std::chrono::microseconds spin)
-    : left_(left), right_(right), monitor_(monitor), deadline_(deadline), timeoutMs_(timeoutMs), work_(work), spin_(spin) {}
+               std::chrono::microseconds spin, bool (*interrupted)())
+    : left_(left),
+      right_(right),
+      monitor_(monitor),
+      deadline_(deadline),
+      timeoutMs_(timeoutMs),
+      work_(work),
+      spin_(spin),
+      interrupted_(interrupted) {}
 
 void Duplex::run(Step& step) {
   Cursor out(step.send), in(step.recv);
@@ -133,8 +140,12 @@ void Duplex::run(Step& step) {
       fds[n++] = {monitor_->fd(), POLLIN, 0};
     }
     int wait = msUntil(deadline_);
+    if (interrupted_ != nullptr && wait > 100) wait = 100;
     int rc = wait > 0 ? ::poll(fds, static_cast<nfds_t>(n), wait) : 0;
-    if (rc == 0) {
+    if (interrupted_ != nullptr && interrupted_()) {
+      throw Interrupted(makeString(what(), ": interrupted (KeyboardInterrupt)"));
+    }
+    if (rc == 0 && msUntil(deadline_) == 0) {
       bool receiving = !in.finished();
       timedOut(receiving, receiving ? in.done() : out.done(), receiving ? in.total() : out.total());
     }
@@ -152,7 +163,9 @@ void Duplex::peerLost(const Pair& peer, bool receiving, int err, size_t done, si
   // The monitor usually knows why the peer went away (it died; it failed first): wait a moment for
   // that, so that every rank reports the same first cause.
   if (monitor_ != nullptr) {
-    if (auto failure = monitor_->waitForNotice(std::min(deadline_, Clock::now() + std::chrono::milliseconds(1000)))) {
+    // Not bounded by this collective's deadline: a neighbour that closed because it timed out does
+    // so at about the same moment as ours would pass, and its notice is the better explanation.
+    if (auto failure = monitor_->waitForNotice(Clock::now() + std::chrono::milliseconds(2000))) {
       raiseNotice(*failure);
     }
   }

@@ -39,8 +39,9 @@ class Duplex {
  public:
   // `work` names the collective in every error message. `spin`: how long to retry without sleeping
   // when neither socket is ready (0 when ranks outnumber cores: spinning would starve a peer).
+  // `interrupted` (may be null) is asked every 100 ms while waiting: true stops the step.
   Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, const Work& work,
-         std::chrono::microseconds spin);
+         std::chrono::microseconds spin, bool (*interrupted)());
   void run(Step& step);
   std::string what() const { return work_.description(); }
 
@@ -57,6 +58,7 @@ class Duplex {
   int64_t timeoutMs_;
   const Work& work_;
   std::chrono::microseconds spin_;
+  bool (*interrupted_)();
 };
 
 }  // namespace cyxwiz::comm

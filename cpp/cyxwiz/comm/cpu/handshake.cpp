@@ -56,23 +56,24 @@ std::string checkProof(const uint8_t helloBytes[wire::kHelloBytes], const wire::
   return "";
 }
 
-std::string awaitHelloReply(const Socket& s, Deadline deadline) {
+HelloAnswer awaitHelloReply(const Socket& s, Deadline deadline) {
   uint8_t head[8];
   IoStatus st = s.recvAll(head, sizeof head, deadline);
-  if (!st.ok()) return "no answer to the hello: " + st.describe();
+  if (!st.ok()) return {HelloAnswer::NoAnswer, "no answer to the hello: " + st.describe()};
   uint32_t status, length;
   std::memcpy(&status, head, 4);
   std::memcpy(&length, head + 4, 4);
-  if (status == 0) return "";
-  if (length > wire::kMaxReasonBytes) return "refused, with a malformed reason";
+  if (status == 0) return {HelloAnswer::Welcome, ""};
+  HelloAnswer::Kind kind = status == 2 ? HelloAnswer::Later : HelloAnswer::Refused;
+  if (length > wire::kMaxReasonBytes) return {kind, "refused, with a malformed reason"};
   std::string reason(length, '\0');
   st = s.recvAll(reason.data(), length, deadline);
-  if (!st.ok()) return "refused (reason lost: " + st.describe() + ")";
-  return reason.empty() ? "refused" : reason;
+  if (!st.ok()) return {kind, "refused (reason lost: " + st.describe() + ")"};
+  return {kind, reason.empty() ? "refused" : reason};
 }
 
-std::string sayHello(const Socket& s, const wire::Hello& hello, const std::string& secret, Deadline deadline) {
-  if (!sendHello(s, hello, secret, deadline)) return "no answer: sending the hello failed";
+HelloAnswer sayHello(const Socket& s, const wire::Hello& hello, const std::string& secret, Deadline deadline) {
+  if (!sendHello(s, hello, secret, deadline)) return {HelloAnswer::NoAnswer, "no answer: sending the hello failed"};
   return awaitHelloReply(s, deadline);
 }
 
@@ -96,14 +97,25 @@ std::string checkHello(const wire::Hello& got, wire::Channel expected, const Job
   return "";
 }
 
-void replyHello(const Socket& s, const std::string& refusal, Deadline deadline) {
+std::string checkGeneration(const wire::Hello& got, const JobIdentity& job) {
+  if (got.generation == job.generation) return "";
+  return makeString("it is on init() #", got.generation, " but this rank is on init() #", job.generation,
+                    " (one of them has not finalized its previous run yet)");
+}
+
+std::vector<uint8_t> encodeHelloReply(const std::string& refusal, bool later) {
   std::string reason = refusal.substr(0, wire::kMaxReasonBytes);
   std::vector<uint8_t> out(8 + reason.size());
-  uint32_t status = reason.empty() ? 0 : 1;
+  uint32_t status = reason.empty() ? 0 : later ? 2 : 1;
   uint32_t length = static_cast<uint32_t>(reason.size());
   std::memcpy(out.data(), &status, 4);
   std::memcpy(out.data() + 4, &length, 4);
   std::memcpy(out.data() + 8, reason.data(), reason.size());
+  return out;
+}
+
+void replyHello(const Socket& s, const std::string& refusal, Deadline deadline, bool later) {
+  std::vector<uint8_t> out = encodeHelloReply(refusal, later);
   s.sendAll(out.data(), out.size(), deadline);
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "cyxwiz/comm/cpu/socket.h"
 #include "cyxwiz/comm/cpu/wire.h"
@@ -17,6 +18,13 @@ struct JobIdentity {
   int worldSize = 1;
   int rank = 0;
   std::string secret;  // CYXWIZ_SECRET; empty: peers need not prove anything
+  uint32_t generation = 0;
+};
+
+// The acceptor's answer to a hello.
+struct HelloAnswer {
+  enum Kind { Welcome, Refused, Later, NoAnswer } kind = NoAnswer;
+  std::string reason;
 };
 
 // The two halves of sayHello, for ring links: every rank sends its hello to the right, then answers
@@ -24,11 +32,10 @@ struct JobIdentity {
 // With a non-empty secret the hello carries a proof (a fresh nonce and an HMAC of hello + nonce
 // under the secret): the secret itself never crosses the wire.
 bool sendHello(const Socket& s, wire::Hello hello, const std::string& secret, Deadline deadline);
-std::string awaitHelloReply(const Socket& s, Deadline deadline);
+HelloAnswer awaitHelloReply(const Socket& s, Deadline deadline);
 
-// Sends the hello and waits for the answer. Returns "" when welcomed, else the acceptor's reason
-// (or what went wrong on the wire, starting with "no answer").
-std::string sayHello(const Socket& s, const wire::Hello& hello, const std::string& secret, Deadline deadline);
+// Sends the hello and waits for the answer.
+HelloAnswer sayHello(const Socket& s, const wire::Hello& hello, const std::string& secret, Deadline deadline);
 
 // Checks a received hello. Returns "" when acceptable, else a reason for the caller and the log.
 std::string checkHello(const wire::Hello& got, wire::Channel expected, const JobIdentity& job);
@@ -38,8 +45,12 @@ std::string checkHello(const wire::Hello& got, wire::Channel expected, const Job
 std::string checkProof(const uint8_t helloBytes[wire::kHelloBytes], const wire::Hello& hello, const uint8_t* proof,
                        const std::string& secret);
 
-// Answers a hello (best effort: the caller may already be gone).
-void replyHello(const Socket& s, const std::string& refusal, Deadline deadline);
+// Answers a hello (best effort: the caller may already be gone). `later`: not refused for good,
+// the caller should try again (it reached the rendezvous of this rank's previous init()).
+void replyHello(const Socket& s, const std::string& refusal, Deadline deadline, bool later = false);
+std::vector<uint8_t> encodeHelloReply(const std::string& refusal, bool later);
+// "" when the caller is on the same init() as this rank, else why it should come back later.
+std::string checkGeneration(const wire::Hello& got, const JobIdentity& job);
 
 // Printable prefix of what a stranger sent: "'GET / HTTP/1.1'" or "16 bytes 00 ff ...".
 std::string describeStrangerBytes(const uint8_t* data, size_t n);

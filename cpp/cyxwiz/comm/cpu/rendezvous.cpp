@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "cyxwiz/comm/backend.h"
 #include "cyxwiz/comm/cpu/handshake.h"
 #include "cyxwiz/comm/tcp_store.h"
 #include "cyxwiz/common/error.h"
@@ -48,7 +49,8 @@ Pair dialRight(int rank, const std::string& address, Deadline deadline) {
 Pair acceptLeft(const DistributedConfig& config, const Socket& listener, int from, Deadline deadline) {
   JobIdentity job = jobIdentityOf(config);
   while (Clock::now() < deadline) {
-    Socket s = listener.accept(deadline);
+    throwIfInterrupted("init");
+    Socket s = listener.accept(std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
     if (!s.valid()) continue;
     std::string peer = s.peerAddress();
     uint8_t buf[wire::kHelloBytes + wire::kProofBytes] = {};
@@ -64,6 +66,7 @@ Pair acceptLeft(const DistributedConfig& config, const Socket& listener, int fro
     if (hasProof && !s.recvAll(buf + wire::kHelloBytes, wire::kProofBytes, helloBy).ok()) continue;
     std::string refusal = checkHello(hello, wire::Channel::Ring, job);
     if (refusal.empty()) refusal = checkProof(buf, hello, hasProof ? buf + wire::kHelloBytes : nullptr, job.secret);
+    if (refusal.empty()) refusal = checkGeneration(hello, job);
     if (refusal.empty() && static_cast<int>(hello.rank) != from) {
       refusal = makeString("it is rank ", hello.rank, " but this rank's left neighbour is rank ", from);
     }
@@ -101,11 +104,12 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
   hello.jobHash = wire::hashJobId(config.jobId);
   hello.worldSize = static_cast<uint32_t>(n);
   hello.rank = static_cast<uint32_t>(rank);
+  hello.generation = config.generation;
   sendHello(links.right.socket, hello, config.secret, deadline);
   links.left = acceptLeft(config, listener, leftRank, deadline);
-  std::string refusal = awaitHelloReply(links.right.socket, deadline);
-  if (!refusal.empty()) {
-    throw NetworkError(makeString(rankPrefix(), "init: ", links.right.name(), " refused this rank's ring link: ", refusal));
+  HelloAnswer answer = awaitHelloReply(links.right.socket, deadline);
+  if (answer.kind != HelloAnswer::Welcome) {
+    throw NetworkError(makeString(rankPrefix(), "init: ", links.right.name(), " refused this rank's ring link: ", answer.reason));
   }
   return links;
 }

@@ -43,16 +43,14 @@ void Ring::checkLeftHeader() {
 void Ring::step(std::vector<iovec> send, std::vector<iovec> recv, Step&& extra) {
   Step s = std::move(extra);
   if (!headerSent_) {
-    // Every rank sends one header to the right and receives one from the left in its first step;
-    // a rank without a payload in that direction still exchanges the header.
+    // Every rank sends one header to the right and receives one from the left in its first step,
+    // even without a payload in that direction.
     headerSent_ = true;
     send.insert(send.begin(), span(myHeader_, sizeof myHeader_));
     s.sendHeaderBytes = sizeof myHeader_;
-    if (!recv.empty() || !s.relay) {
-      recv.insert(recv.begin(), span(leftHeader_, sizeof leftHeader_));
-      s.recvHeaderBytes = sizeof leftHeader_;
-      s.onHeader = [this] { checkLeftHeader(); };
-    }
+    recv.insert(recv.begin(), span(leftHeader_, sizeof leftHeader_));
+    s.recvHeaderBytes = sizeof leftHeader_;
+    s.onHeader = [this] { checkLeftHeader(); };
   }
   s.send = std::move(send);
   s.recv = std::move(recv);
@@ -129,40 +127,19 @@ size_t Ring::sliceBytes() {
 
 void Ring::broadcast(void* data, size_t bytes, int root) {
   if (size_ == 1) return;
-  // A chain root -> root+1 -> ... -> root-1; middle ranks forward each segment as it arrives.
+  // A chain root -> root+1 -> ... -> root-1; middle ranks forward each segment as it arrives. Every
+  // link still carries a header (the last rank's goes to the root), so every rank checks a call.
   int pos = mod(rank_ - root);
-  Step relay;
   std::vector<iovec> send, recv;
   if (pos < size_ - 1) send.push_back(span(data, bytes));
   if (pos > 0) recv.push_back(span(data, bytes));
+  Step relay;
   relay.relay = pos > 0 && pos < size_ - 1;
-  if (pos == 0) {
-    // The root receives nothing; its header still goes right, and the left neighbour sends none.
-    headerSent_ = true;
-    send.insert(send.begin(), span(myHeader_, sizeof myHeader_));
-    relay.send = std::move(send);
-    io_.run(relay);
-    return;
-  }
-  if (pos == size_ - 1) {
-    // The last rank forwards nothing: it only checks the header that reaches it.
-    headerSent_ = true;
-    recv.insert(recv.begin(), span(leftHeader_, sizeof leftHeader_));
-    relay.recv = std::move(recv);
-    relay.recvHeaderBytes = sizeof leftHeader_;
-    relay.onHeader = [this] { checkLeftHeader(); };
-    io_.run(relay);
-    return;
-  }
-  headerSent_ = true;
-  send.insert(send.begin(), span(myHeader_, sizeof myHeader_));
-  recv.insert(recv.begin(), span(leftHeader_, sizeof leftHeader_));
-  relay.sendHeaderBytes = sizeof myHeader_;
-  relay.recvHeaderBytes = sizeof leftHeader_;
-  relay.onHeader = [this] { checkLeftHeader(); };
-  relay.send = std::move(send);
-  relay.recv = std::move(recv);
-  io_.run(relay);
+  step(std::move(send), std::move(recv), std::move(relay));
+  // One more pass round the ring: no rank returns before every rank has its copy, so a rank that
+  // raised (on a mismatch) is noticed by all of them.
+  scratch_.assign(static_cast<size_t>(size_), 1);
+  gatherBlocks(scratch_.data(), 1);
 }
 
 void Ring::allGather(const void* in, void* out, size_t bytesPerRank) {

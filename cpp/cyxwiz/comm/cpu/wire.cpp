@@ -36,6 +36,7 @@ void encodeHello(const Hello& h, uint8_t out[kHelloBytes]) {
   put<uint64_t>(out, 16, h.jobHash);
   put<uint32_t>(out, 24, h.worldSize);
   put<uint32_t>(out, 28, h.rank);
+  put<uint32_t>(out, 32, h.generation);
 }
 
 bool decodeHello(const uint8_t in[kHelloBytes], Hello* h) {
@@ -46,6 +47,7 @@ bool decodeHello(const uint8_t in[kHelloBytes], Hello* h) {
   h->jobHash = get<uint64_t>(in, 16);
   h->worldSize = get<uint32_t>(in, 24);
   h->rank = get<uint32_t>(in, 28);
+  h->generation = get<uint32_t>(in, 32);
   return true;
 }
 

@@ -1,6 +1,6 @@
 // Everything that crosses a socket, as fixed-size little-endian records.
 //
-//   Hello       first 32 bytes of every connection: who is calling, for which job
+//   Hello       first 40 bytes of every connection: who is calling, for which job
 //   HelloReply  the acceptor's answer: 0 = welcome, else a reason to go away
 //   CallHeader  first 32 bytes of every collective on a ring link: what the sender is running
 //   StoreFrame  16-byte header of a store request, a store reply, or a monitor notice
@@ -17,7 +17,7 @@ namespace cyxwiz::comm::wire {
 constexpr char kHelloMagic[8] = {'C', 'Y', 'X', 'W', 'I', 'Z', 'R', 'V'};
 constexpr uint32_t kProtocolVersion = 1;
 constexpr uint32_t kCallMagic = 0x4c435843;  // "CXCL"
-constexpr size_t kHelloBytes = 32;
+constexpr size_t kHelloBytes = 40;
 constexpr size_t kCallHeaderBytes = 32;
 constexpr size_t kFrameBytes = 16;
 constexpr size_t kMaxReasonBytes = 4096;
@@ -35,6 +35,7 @@ struct Hello {
   uint64_t jobHash = 0;
   uint32_t worldSize = 0;
   uint32_t rank = 0;
+  uint32_t generation = 0;  // which init() of this process: a re-init must not join the last one's rendezvous
 };
 
 void encodeHello(const Hello& h, uint8_t out[kHelloBytes]);

@@ -1,0 +1,473 @@
+"""cx.distributed failure contract, with real processes on 127.0.0.1.
+
+A rank that dies, stops, exits early or calls a different collective must make every other rank
+raise the right DistError subclass (naming the cause) quickly or within DISTRIBUTED_TIMEOUT_MS,
+never hang and never hand back wrong numbers. Ctrl-C must interrupt a blocked collective, and
+Work.wait(timeout) must time out without breaking the process group.
+
+Every rank script reports on stdout with one-line JSON records ("TAG {...}"); the test reads them
+as they arrive (with their arrival time), so that it can act on "READY" and time the errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals (SIGKILL, SIGSTOP, SIGINT)")
+
+ADDR = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}:\d{1,5}\b")  # an "ip:port"
+EXIT_DIST_ERROR = 3
+EXIT_OTHER = 4
+
+# Every rank script starts with this: report helpers, then init (and one barrier, done by init).
+PRELUDE = r'''
+import json, os, sys, time
+import numpy as np
+import pycyxwiz as cx
+D = cx.distributed
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+
+def emit(tag, **kw):
+    print(tag + " " + json.dumps(kw), flush=True)
+
+def error(e, t0, tag="ERROR"):
+    emit(tag, cls=type(e).__name__, msg=str(e), elapsed=time.monotonic() - t0,
+         dist=isinstance(e, D.DistError), network=isinstance(e, D.DistNetworkError),
+         timeout=isinstance(e, D.DistTimeoutError), backend=isinstance(e, D.DistBackendError),
+         connection=isinstance(e, ConnectionError), builtin_timeout=isinstance(e, TimeoutError))
+
+def fail_again(tag="AGAIN"):
+    """After a first error: the next collective must fail at once, with the same error."""
+    t1 = time.monotonic()
+    try:
+        D.all_reduce(np.ones(4, np.float32))
+        emit("UNEXPECTED_SUCCESS")
+    except Exception as e2:
+        error(e2, t1, tag)
+
+D.init()
+'''
+
+
+@dataclass
+class Proc:
+    rank: int
+    popen: subprocess.Popen
+    lines: list = field(default_factory=list)  # (arrival time, line) of stdout
+    err: list = field(default_factory=list)    # stderr lines
+    threads: list = field(default_factory=list)
+
+    def records(self, tag: str) -> list[tuple[float, dict]]:
+        out = []
+        for t, line in list(self.lines):
+            if line.startswith(tag + " "):
+                out.append((t, json.loads(line[len(tag) + 1:])))
+        return out
+
+    def record(self, tag: str) -> tuple[float, dict]:
+        recs = self.records(tag)
+        assert len(recs) == 1, f"rank {self.rank}: expected one {tag} record, got {len(recs)}\n{self.text()}"
+        return recs[0]
+
+    def has(self, tag: str) -> bool:
+        return bool(self.records(tag))
+
+    def text(self) -> str:
+        return (f"--- rank {self.rank} rc={self.popen.returncode}\n" + "".join(l for _, l in self.lines)
+                + "".join(self.err))
+
+
+class Watch:
+    """Starts ranks with the `ranks` harness and reads their output live, with arrival times."""
+
+    def __init__(self, ranks):
+        self.ranks = ranks
+        self.procs: list[Proc] = []
+
+    def start(self, code: str, world_size: int, **kw) -> list[Proc]:
+        started = []
+        for p in self.ranks.start(PRELUDE + code, world_size, **kw):
+            proc = Proc(p.rank, p)
+            for stream, sink in ((p.stdout, proc.lines), (p.stderr, proc.err)):
+                def pump(stream=stream, sink=sink, stamped=sink is proc.lines):
+                    for line in iter(stream.readline, ""):
+                        sink.append((time.monotonic(), line) if stamped else line)
+                th = threading.Thread(target=pump, daemon=True)
+                th.start()
+                proc.threads.append(th)
+            self.procs.append(proc)
+            started.append(proc)
+        return started
+
+    def wait_line(self, procs: list[Proc], tag: str, timeout: float) -> float:
+        """Waits until every proc printed a `tag` record; returns when the last one arrived."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(p.has(tag) for p in procs):
+                return max(p.records(tag)[0][0] for p in procs)
+            dead = [p for p in procs if p.popen.poll() is not None and not p.has(tag)]
+            if dead:
+                time.sleep(0.2)  # let the reader threads drain
+                pytest.fail(f"a rank exited before printing {tag}:\n" + self.report(procs))
+            time.sleep(0.01)
+        pytest.fail(f"not every rank printed {tag} within {timeout} s:\n" + self.report(procs))
+
+    def finish(self, procs: list[Proc], timeout: float) -> None:
+        """Waits for the procs to exit (shared deadline); kills the ones still running after it."""
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            try:
+                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill(p)
+                p.popen.wait(timeout=10)
+            for th in p.threads:
+                th.join(timeout=10)
+
+    @staticmethod
+    def kill(p: Proc) -> None:
+        for sig in (signal.SIGCONT, signal.SIGKILL):  # a stopped process dies of SIGKILL only once resumed
+            try:
+                os.killpg(p.popen.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.popen.poll() is None:
+                self.kill(p)
+        self.finish(self.procs, 10)
+
+    @staticmethod
+    def report(procs: list[Proc]) -> str:
+        return "\n".join(p.text() for p in procs)
+
+
+@pytest.fixture
+def watch(ranks):
+    w = Watch(ranks)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def assert_message_prefix(msg: str, rank: int, world: int, op: str = "all_reduce") -> None:
+    assert re.match(rf"\[rank {rank}/{world}\] {op} #\d+ \(", msg), f"message does not start with the call: {msg}"
+
+
+def assert_fails_again_fast(p: Proc, first: dict, limit: float = 1.0) -> None:
+    _, again = p.record("AGAIN")
+    assert again["cls"] == first["cls"], p.text()
+    assert again["msg"] == first["msg"], f"the next collective failed with another message:\n{p.text()}"
+    assert again["elapsed"] < limit, f"the next collective took {again['elapsed']:.2f} s to fail:\n{p.text()}"
+
+
+# ------------------------------------------------------------------------------------ a rank dies
+
+LOOP_UNTIL_ERROR = r'''
+a = np.arange(1 << 20, dtype=np.float32)       # 4 MB: the ring path, several steps per call
+D.all_reduce(a, op=D.ReduceOp.MAX)
+emit("READY")
+t0 = time.monotonic()
+try:
+    while True:
+        t0 = time.monotonic()
+        D.all_reduce(a, op=D.ReduceOp.MAX)     # MAX: the values stay what they are
+except Exception as e:
+    error(e, t0)
+    fail_again()
+    sys.exit(3)
+'''
+
+
+@pytest.mark.parametrize("world, victim", [(2, 1), (2, 0), (4, 2), (4, 0)])
+def test_sigkill_mid_collective_names_the_dead_rank(watch, ranks, world, victim):
+    procs = watch.start(LOOP_UNTIL_ERROR, world, env={"DISTRIBUTED_TIMEOUT_MS": "10000"})
+    watch.wait_line(procs, "READY", timeout=60)
+    time.sleep(0.2)  # well inside the loop of collectives
+    killed_at = time.monotonic()
+    os.killpg(procs[victim].popen.pid, signal.SIGKILL)
+    watch.finish(procs, timeout=30)
+    report = watch.report(procs)
+
+    assert procs[victim].popen.returncode == -signal.SIGKILL
+    for p in procs:
+        if p.rank == victim:
+            continue
+        assert p.popen.returncode == EXIT_DIST_ERROR, report
+        arrived, e = p.record("ERROR")
+        assert e["cls"] == "DistNetworkError" and e["network"] and e["dist"] and e["connection"], report
+        assert_message_prefix(e["msg"], p.rank, world)
+        if victim == 0:
+            # Rank 0 serves the rendezvous and the monitor: the others lost their line to it.
+            assert "lost the connection to rank 0" in e["msg"], report
+            assert f"rank 0 (127.0.0.1:{ranks.port})" in e["msg"], report
+        else:
+            assert re.search(rf"rank {victim} \(\d{{1,3}}(\.\d{{1,3}}){{3}}:\d+\) died", e["msg"]), report
+        assert ADDR.search(e["msg"]), report
+        # Detected by the closed connections, not by the 10 s timeout.
+        assert arrived - killed_at < 5.0, f"rank {p.rank} took {arrived - killed_at:.2f} s after the kill\n{report}"
+        assert_fails_again_fast(p, e)
+
+
+# --------------------------------------------------------------------------------- a rank stops
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sigstop_raises_timeout_after_the_timeout(watch, world):
+    procs = watch.start(LOOP_UNTIL_ERROR, world, env={"DISTRIBUTED_TIMEOUT_MS": "3000"})
+    watch.wait_line(procs, "READY", timeout=60)
+    time.sleep(0.2)
+    stopped_at = time.monotonic()
+    os.killpg(procs[1].popen.pid, signal.SIGSTOP)
+    try:
+        watch.finish([p for p in procs if p.rank != 1], timeout=40)
+    finally:
+        watch.kill(procs[1])
+    report = watch.report(procs)
+
+    for p in procs:
+        if p.rank == 1:
+            continue
+        assert p.popen.returncode == EXIT_DIST_ERROR, report
+        arrived, e = p.record("ERROR")
+        assert e["cls"] == "DistTimeoutError" and e["timeout"] and e["builtin_timeout"] and e["dist"], report
+        assert_message_prefix(e["msg"], p.rank, world)
+        assert "3000 ms" in e["msg"], report
+        if world == 2:  # its only peer: the message must name it and its address
+            assert re.search(r"rank 1 \(\d{1,3}(\.\d{1,3}){3}:\d+\)", e["msg"]), report
+        # Not before the timeout (the call in flight started at most a little before the stop) ...
+        assert e["elapsed"] >= 2.5, report
+        assert arrived - stopped_at >= 2.0, report
+        # ... and not long after it.
+        assert arrived - stopped_at < 15.0, report
+        assert_fails_again_fast(p, e)
+
+
+# --------------------------------------------------------------------------- mismatched calls
+
+X = "np.full(10, RANK + 1, np.float32)"  # rank-dependent data: a wrong result would show
+MISMATCHES = {
+    # name: (world size, {rank: [calls]}); ranks not listed make the calls of rank 0.
+    # ar/bc/ag/rs: all_reduce, broadcast, all_gather, reduce_scatter, returning what the rank got.
+    "count": (2, {0: [f"ar({X})"], 1: ["ar(np.ones(11, np.float32))"]}),
+    "count_large": (2, {0: ["ar(np.ones(1 << 20, np.float32))"], 1: ["ar(np.ones((1 << 20) + 1, np.float32))"]}),
+    "dtype": (2, {0: [f"ar({X})"], 1: ["ar(np.ones(10, np.float64))"]}),
+    "op": (2, {0: [f"ar({X}, op=D.ReduceOp.SUM)"], 1: [f"ar({X}, op=D.ReduceOp.MAX)"]}),
+    "collective": (2, {0: [f"ar({X})"], 1: [f"bc({X}, 0)"]}),
+    "collective_reversed": (2, {0: [f"bc({X}, 0)"], 1: [f"ar({X})"]}),
+    "gather_vs_reduce": (2, {0: [f"ag({X})"], 1: [f"ar({X})"]}),
+    "reduce_scatter_vs_reduce": (2, {0: [f"rs({X})"], 1: [f"ar({X})"]}),
+    "order": (2, {0: [f"ar({X})", f"bc({X}, 0)"], 1: [f"bc({X}, 0)", f"ar({X})"]}),
+    "broadcast_src": (2, {0: [f"bc({X}, 0)"], 1: [f"bc({X}, 1)"]}),
+    "broadcast_count": (2, {0: [f"bc({X}, 0)"], 1: ["bc(np.ones(11, np.float32), 0)"]}),
+    "count_world3_last_rank": (3, {0: [f"ar({X})"], 2: ["ar(np.ones(12, np.float32))"]}),
+}
+
+MISMATCH_CODE = r'''
+def ar(x, **kw):
+    D.all_reduce(x, **kw)
+    return x.tolist()
+
+def bc(x, src):
+    D.broadcast(x, src=src)
+    return x.tolist()
+
+def ag(x):
+    return [y.tolist() for y in D.all_gather(x)]
+
+def rs(x):
+    return D.reduce_scatter(x).tolist()
+
+CALLS = json.loads(os.environ["CALLS"])
+D.barrier()
+emit("READY")
+t0 = time.monotonic()
+try:
+    results = [eval(call) for call in CALLS]
+    emit("RESULT", results=results)   # wrong: the ranks disagree on what they called
+    sys.exit(0)
+except Exception as e:
+    error(e, t0)
+    fail_again()
+    sys.exit(3)
+'''
+
+
+@pytest.mark.parametrize("case", list(MISMATCHES))
+def test_mismatched_collectives_raise_on_every_rank(watch, case):
+    world, calls = MISMATCHES[case]
+    rank_env = {r: {"CALLS": json.dumps(calls.get(r, calls[0]))} for r in range(world)}
+    procs = watch.start(MISMATCH_CODE, world, rank_env=rank_env)
+    watch.finish(procs, timeout=40)
+    report = watch.report(procs)
+
+    seen = False
+    for p in procs:
+        assert not p.has("RESULT"), f"rank {p.rank} returned a result of mismatched collectives:\n{report}"
+        assert p.popen.returncode == EXIT_DIST_ERROR, report
+        _, e = p.record("ERROR")
+        assert e["cls"] == "DistBackendError" and e["backend"] and e["dist"], report
+        assert e["msg"].startswith(f"[rank {p.rank}/{world}] "), report
+        # Detected from the call headers at once, not by the 20 s timeout.
+        assert e["elapsed"] < 5.0, report
+        seen = seen or "mismatch" in e["msg"]
+        assert_fails_again_fast(p, e)
+    assert seen, f"no rank says 'mismatch':\n{report}"
+
+
+# -------------------------------------------------------------- a rank leaves while others work
+
+LEAVE_CODE = r'''
+LEAVER = int(os.environ["LEAVER"])
+HOW = os.environ["HOW"]
+D.barrier()
+emit("READY")
+if RANK == LEAVER:
+    time.sleep(1.0)               # the other rank is blocked in its collective by now
+    if HOW == "finalize":
+        D.finalize()
+    emit("LEFT")
+    sys.exit(0)                   # HOW == "exit": finalize runs at exit
+t0 = time.monotonic()
+try:
+    a = np.ones(1 << 16, np.float32)
+    D.all_reduce(a)
+    emit("RESULT", first=float(a[0]))
+    sys.exit(0)
+except Exception as e:
+    error(e, t0)
+    fail_again()
+    sys.exit(3)
+'''
+
+
+@pytest.mark.parametrize("leaver, how", [(1, "finalize"), (1, "exit"), (0, "finalize")])
+def test_peer_exiting_normally_raises_network_error(watch, leaver, how):
+    procs = watch.start(LEAVE_CODE, 2, env={"LEAVER": leaver, "HOW": how, "DISTRIBUTED_TIMEOUT_MS": "10000"})
+    watch.finish(procs, timeout=40)
+    report = watch.report(procs)
+    other = procs[1 - leaver]
+
+    assert procs[leaver].popen.returncode == 0 and procs[leaver].has("LEFT"), report
+    assert not other.has("RESULT"), report
+    assert other.popen.returncode == EXIT_DIST_ERROR, report
+    _, e = other.record("ERROR")
+    assert e["cls"] == "DistNetworkError" and e["network"], report
+    assert_message_prefix(e["msg"], other.rank, 2)
+    assert f"rank {leaver} (" in e["msg"], report
+    assert ADDR.search(e["msg"]), report
+    # The leaver left 1 s into the call; the error must come from its closed connection, not the 10 s timeout.
+    assert 0.5 <= e["elapsed"] < 6.0, report
+    assert_fails_again_fast(other, e)
+
+
+# ------------------------------------------------------------------------------------- Ctrl-C
+
+CTRL_C_CODE = r'''
+import signal
+MODE = os.environ["MODE"]
+D.barrier()
+emit("READY")
+if RANK == 1:
+    time.sleep(120)               # the test stops this rank; it never calls the collective
+    sys.exit(0)
+a = np.ones(1 << 10, np.float32)
+emit("CALLING")
+t0 = time.monotonic()
+try:
+    if MODE == "blocking":
+        D.all_reduce(a)
+    else:
+        D.all_reduce(a, async_op=True).wait()
+    emit("RESULT")
+except KeyboardInterrupt:
+    emit("INTERRUPTED", elapsed=time.monotonic() - t0)
+except Exception as e:
+    error(e, t0)
+sys.stdout.flush()
+os._exit(0)                       # the collective may still be running: leave without finalize
+'''
+
+
+@pytest.mark.parametrize("mode", ["blocking", "async_wait"])
+def test_ctrl_c_interrupts_a_blocked_collective(watch, mode):
+    procs = watch.start(CTRL_C_CODE, 2, env={"MODE": mode, "DISTRIBUTED_TIMEOUT_MS": "20000"})
+    watch.wait_line(procs, "READY", timeout=60)
+    os.killpg(procs[1].popen.pid, signal.SIGSTOP)
+    watch.wait_line([procs[0]], "CALLING", timeout=30)
+    time.sleep(0.5)  # blocked in the collective by now
+    sent_at = time.monotonic()
+    os.kill(procs[0].popen.pid, signal.SIGINT)
+    deadline = sent_at + 8.0  # the verdict must not wait for the 20 s timeout
+    while time.monotonic() < deadline and procs[0].popen.poll() is None:
+        time.sleep(0.02)
+    watch.close()
+    report = watch.report(procs)
+
+    assert not procs[0].has("RESULT"), report
+    assert procs[0].has("INTERRUPTED"), f"Ctrl-C did not raise KeyboardInterrupt within 8 s:\n{report}"
+    arrived, rec = procs[0].record("INTERRUPTED")
+    assert arrived - sent_at < 2.0, f"KeyboardInterrupt came {arrived - sent_at:.2f} s after SIGINT\n{report}"
+
+
+# --------------------------------------------------------------------------- Work.wait(timeout)
+
+WORK_WAIT_CODE = r'''
+D.barrier()
+emit("READY")
+if RANK == 1:
+    time.sleep(2.0)               # rank 0's async all_reduce cannot complete before this
+    a = np.full(8, 2.0, np.float32)
+    D.all_reduce(a)
+    b = np.full(3, 5.0, np.float32)
+    D.all_reduce(b)
+    emit("RESULT", a=a.tolist(), b=b.tolist())
+    sys.exit(0)
+a = np.full(8, 1.0, np.float32)
+w = D.all_reduce(a, async_op=True)
+t0 = time.monotonic()
+try:
+    w.wait(timeout=0.2)
+    emit("EARLY", completed=w.is_completed())
+except Exception as e:
+    error(e, t0, "WAIT")
+emit("PENDING", completed=w.is_completed())
+t1 = time.monotonic()
+ok = w.wait()
+emit("WAITED", ok=ok, elapsed=time.monotonic() - t1, success=w.is_success())
+b = np.full(3, 7.0, np.float32)
+D.all_reduce(b)                   # the process group still works after the wait timed out
+emit("RESULT", a=a.tolist(), b=b.tolist())
+'''
+
+
+def test_work_wait_timeout_then_wait_again(watch):
+    procs = watch.start(WORK_WAIT_CODE, 2, env={"DISTRIBUTED_TIMEOUT_MS": "20000"})
+    watch.finish(procs, timeout=40)
+    report = watch.report(procs)
+    assert [p.popen.returncode for p in procs] == [0, 0], report
+
+    r0 = procs[0]
+    assert not r0.has("EARLY"), report
+    _, e = r0.record("WAIT")
+    assert e["cls"] == "DistTimeoutError" and e["timeout"] and e["builtin_timeout"], report
+    assert 0.15 <= e["elapsed"] < 1.0, report
+    assert_message_prefix(e["msg"], 0, 2)
+    assert r0.record("PENDING")[1] == {"completed": False}, report
+    _, waited = r0.record("WAITED")
+    assert waited["ok"] is True and waited["success"] is True, report
+    for p in procs:
+        _, res = p.record("RESULT")
+        assert res == {"a": [3.0] * 8, "b": [12.0] * 3}, report
