@@ -66,6 +66,19 @@ std::chrono::microseconds spinBudget(int worldSize) {
   return std::chrono::microseconds(ranksHere > 0 && ranksHere <= cores ? 50 : 0);
 }
 
+// The address other ranks reach this one on: the interface that reaches rank 0. When MASTER_ADDR is
+// a name that resolves to loopback here (Debian maps the host's own name to 127.0.1.1), that would
+// be unreachable from other machines: publish an external interface instead.
+std::string publishedIp(const DistributedConfig& config, const std::string& viaMaster) {
+  const std::string& m = config.masterAddr;
+  if (!isLoopbackAddress(viaMaster) || isLoopbackAddress(m) || m == "localhost" || m == "::1") return viaMaster;
+  std::string external = firstExternalIp();
+  if (external.empty()) return viaMaster;
+  logInfo(makeString("init: MASTER_ADDR '", m, "' resolves to ", viaMaster, " on this machine; publishing ", external,
+                     " so that ranks on other machines can reach this one"));
+  return external;
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config), spin_(spinBudget(config.worldSize)) {
@@ -75,7 +88,7 @@ CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config), spin_
     try {
       store_ = std::make_unique<TcpStore>(config, deadline);
       monitor_ = std::make_unique<Monitor>(config, deadline);
-      RingLinks links = connectRing(config, *store_, store_->localIp(), deadline);
+      RingLinks links = connectRing(config, *store_, publishedIp(config, store_->localIp()), deadline);
       left_ = std::move(links.left);
       right_ = std::move(links.right);
     } catch (...) {

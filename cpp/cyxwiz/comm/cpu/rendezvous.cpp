@@ -46,7 +46,8 @@ Pair dialRight(int rank, const std::string& address, Deadline deadline) {
 }
 
 // Accepts connections until rank `from` introduces itself; strangers are logged and dropped.
-Pair acceptLeft(const DistributedConfig& config, const Socket& listener, int from, Deadline deadline) {
+Pair acceptLeft(const DistributedConfig& config, const Socket& listener, const std::string& published, int from,
+                Deadline deadline) {
   JobIdentity job = jobIdentityOf(config);
   while (Clock::now() < deadline) {
     throwIfInterrupted("init");
@@ -78,7 +79,7 @@ Pair acceptLeft(const DistributedConfig& config, const Socket& listener, int fro
     return Pair{std::move(s), from, peer};
   }
   throw TimeoutError(makeString(rankPrefix(), "init: Timeout waiting for peers: rank ", from,
-                                " did not connect to this rank within ", config.timeoutMs,
+                                " did not connect to this rank's published address ", published, " within ", config.timeoutMs,
                                 " ms (a firewall may block the ports that ranks open for each other)"));
 }
 
@@ -89,7 +90,8 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
   int err = 0;
   Socket listener = Socket::listenAny(0, 16, &err);
   if (!listener.valid()) throw NetworkError(makeString(rankPrefix(), "init: cannot open a listening socket: ", errnoString(err)));
-  store.set(addressKey(rank), makeString(localIp, ":", listener.localPort()), deadline);
+  const std::string published = makeString(localIp, ":", listener.localPort());
+  store.set(addressKey(rank), published, deadline);
 
   std::vector<std::string> keys;
   for (int r = 0; r < n; ++r) keys.push_back(addressKey(r));
@@ -106,7 +108,7 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
   hello.rank = static_cast<uint32_t>(rank);
   hello.generation = config.generation;
   sendHello(links.right.socket, hello, config.secret, deadline);
-  links.left = acceptLeft(config, listener, leftRank, deadline);
+  links.left = acceptLeft(config, listener, published, leftRank, deadline);
   HelloAnswer answer = awaitHelloReply(links.right.socket, deadline);
   if (answer.kind != HelloAnswer::Welcome) {
     throw NetworkError(makeString(rankPrefix(), "init: ", links.right.name(), " refused this rank's ring link: ", answer.reason));

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -28,6 +30,23 @@ int msUntil(Deadline deadline) {
 std::string errnoString(int err) {
   char buf[256];
   return std::string(strerror_r(err, buf, sizeof buf));
+}
+
+bool isLoopbackAddress(const std::string& ip) { return ip.rfind("127.", 0) == 0; }
+
+std::string firstExternalIp() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+    char host[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, host, sizeof host);
+    found = host;
+  }
+  ::freeifaddrs(list);
+  return found;
 }
 
 std::string IoStatus::describe() const {

@@ -66,5 +66,8 @@ class Socket {
 };
 
 std::string errnoString(int err);
+bool isLoopbackAddress(const std::string& ip);  // 127.x.x.x
+// The first IPv4 address of an interface that is up and not loopback; "" when there is none.
+std::string firstExternalIp();
 
 }  // namespace cyxwiz::comm
