@@ -332,7 +332,9 @@ def test_missing_ranks_time_out_naming_them(ranks):
         assert message.startswith(f"[rank {rank}/{world_size}]") and "Timeout waiting for peers" in message, message
         for text in texts:
             assert text in message, message
-        assert 2.9 <= out["elapsed"] < 3 + 7, f"rank {rank}/{world_size} gave up after {out['elapsed']:.2f} s (DISTRIBUTED_TIMEOUT_MS=3000)"
+        # Rank 0 tells the others when its own wait ends, which reaches a rank that started later a
+        # little before that rank's own deadline.
+        assert 2.0 <= out["elapsed"] < 3 + 7, f"rank {rank}/{world_size} gave up after {out['elapsed']:.2f} s (DISTRIBUTED_TIMEOUT_MS=3000)"
         assert out["initialized"] is False
 
 
