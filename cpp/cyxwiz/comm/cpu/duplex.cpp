@@ -76,7 +76,11 @@ void Duplex::run(Step& step) {
   bool headerSeen = header == 0;
   size_t handedOn = 0;  // payload bytes passed to onReceived
   auto payloadIn = [&] { return in.done() > header ? in.done() - header : 0; };
-  auto sendLimit = [&] { return step.relay ? std::min(out.total(), step.sendHeaderBytes + payloadIn()) : out.total(); };
+  auto sendLimit = [&] {
+    if (step.relay) return std::min(out.total(), step.sendHeaderBytes + payloadIn());
+    if (step.sendAvailable) return std::min(out.total(), step.sendHeaderBytes + step.sendAvailable(handedOn));
+    return out.total();
+  };
   iovec iov[kMaxIov];
   Deadline idleSince{};
 
@@ -109,7 +113,8 @@ void Duplex::run(Step& step) {
         }
         if (headerSeen && step.onReceived) {
           size_t ready = in.finished() ? payloadIn() : payloadIn() / step.unit * step.unit;
-          if (ready > handedOn && (ready - handedOn >= step.grain || in.finished())) {
+          bool boundary = handedOn < step.flushAt && ready >= step.flushAt;
+          if (ready > handedOn && (ready - handedOn >= step.grain || in.finished() || boundary)) {
             step.onReceived(handedOn, ready);
             handedOn = ready;
           }

@@ -29,10 +29,16 @@ struct Step {
   std::function<void(size_t begin, size_t end)> onReceived;
   size_t unit = 1;
   size_t grain = 256 * 1024;
+  // onReceived also runs as soon as this much payload is in, however little is new: what is sent
+  // next may wait on it (sendAvailable), and the peer may be waiting on that in turn.
+  size_t flushAt = 0;
   // Relay (broadcast chain): the payload sent is the payload received, so sending may only run
   // sendHeaderBytes + (payload received so far) ahead.
   bool relay = false;
   size_t sendHeaderBytes = 0;
+  // Otherwise, when set: how much of the payload after the send header may go, given how much
+  // received payload onReceived has processed (a segment goes out as soon as it is reduced).
+  std::function<size_t(size_t handedOn)> sendAvailable;
 };
 
 class Duplex {

@@ -65,9 +65,9 @@ void Ring::gatherBlocks(uint8_t* blocks, size_t b) {
   }
 }
 
-void Ring::reduceScatterInPlace(uint8_t* data, size_t count, DType dtype, ReduceOp op, uint8_t* recvBuf) {
+void Ring::reduceScatterInPlace(uint8_t* data, size_t count, DType dtype, ReduceOp op, uint8_t* recvBuf, int steps) {
   const size_t esz = itemSize(dtype);
-  for (int s = 0; s < size_ - 1; ++s) {
+  for (int s = 0; s < steps; ++s) {
     int sendChunk = mod(rank_ - s - 1), recvChunk = mod(rank_ - s - 2);
     size_t sendAt = partBegin(count, size_, sendChunk) * esz;
     size_t sendLen = partBegin(count, size_, sendChunk + 1) * esz - sendAt;
@@ -105,15 +105,33 @@ void Ring::allReduce(void* data, size_t count, DType dtype, ReduceOp op) {
 
 void Ring::ringAllReduce(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
   const size_t esz = itemSize(dtype);
-  reduceScatterInPlace(d, count, dtype, op, scratch_.data());
-  size_t mine = partBegin(count, size_, rank_);
-  if (op == ReduceOp::Avg) finishAverage(d + mine * esz, partBegin(count, size_, rank_ + 1) - mine, dtype, size_);
-  for (int s = 0; s < size_ - 1; ++s) {
-    int sendChunk = mod(rank_ - s), recvChunk = mod(rank_ - s - 1);
-    size_t sendAt = partBegin(count, size_, sendChunk) * esz;
-    size_t recvAt = partBegin(count, size_, recvChunk) * esz;
-    step({span(d + sendAt, partBegin(count, size_, sendChunk + 1) * esz - sendAt)},
-         {span(d + recvAt, partBegin(count, size_, recvChunk + 1) * esz - recvAt)});
+  auto at = [&](int chunk) { return partBegin(count, size_, mod(chunk)) * esz; };
+  auto len = [&](int chunk) { return partBegin(count, size_, mod(chunk) + 1) * esz - at(chunk); };
+  reduceScatterInPlace(d, count, dtype, op, scratch_.data(), size_ - 2);
+
+  // The last reduce-scatter step and the first all-gather step run as one: each segment of our own
+  // chunk goes back out to the right as soon as it is reduced, instead of after the whole chunk.
+  const int sendFirst = rank_ + 1, mine = rank_, recvLast = rank_ - 1;
+  const size_t mineAt = at(mine), mineLen = len(mine), firstLen = len(sendFirst);
+  uint8_t* recvBuf = scratch_.data();
+  Step merged;
+  merged.unit = esz;
+  merged.grain = 64 * 1024;
+  merged.onReceived = [&](size_t begin, size_t end) {
+    end = std::min(end, mineLen);
+    if (begin >= end) return;
+    reduceInto(d + mineAt + begin, recvBuf + begin, (end - begin) / esz, dtype, op);
+    if (op == ReduceOp::Avg) finishAverage(d + mineAt + begin, (end - begin) / esz, dtype, size_);
+  };
+  merged.sendAvailable = [&](size_t handedOn) { return firstLen + std::min(handedOn, mineLen); };
+  merged.flushAt = mineLen;  // the chunk's last segment must go out even if it is shorter than a grain
+  step({span(d + at(sendFirst), firstLen), span(d + mineAt, mineLen)},
+       {span(recvBuf, mineLen), span(d + at(recvLast), len(recvLast))}, std::move(merged));
+
+  // The rest of the all-gather: pass on the chunk that arrived last, receive the next in place.
+  for (int s = 1; s < size_ - 1; ++s) {
+    int sendChunk = rank_ - s, recvChunk = rank_ - s - 1;
+    step({span(d + at(sendChunk), len(sendChunk))}, {span(d + at(recvChunk), len(recvChunk))});
   }
 }
 
@@ -156,7 +174,7 @@ void Ring::reduceScatter(const void* in, void* out, size_t count, DType dtype, R
     size_t work = count * esz, recv = partBegin(count, size_, 1) * esz;
     scratch_.resize(work + recv);
     std::memcpy(scratch_.data(), in, work);  // the caller's input stays as it was
-    reduceScatterInPlace(scratch_.data(), count, dtype, op, scratch_.data() + work);
+    reduceScatterInPlace(scratch_.data(), count, dtype, op, scratch_.data() + work, size_ - 1);
     in = scratch_.data();
   }
   std::memcpy(out, static_cast<const uint8_t*>(in) + mine * esz, mineLen * esz);

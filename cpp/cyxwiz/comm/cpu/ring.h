@@ -47,7 +47,8 @@ class Ring {
   void gatherBlocks(uint8_t* blocks, size_t bytesPerRank);
   void ringAllReduce(uint8_t* data, size_t count, DType dtype, ReduceOp op);
   static size_t sliceBytes();
-  void reduceScatterInPlace(uint8_t* data, size_t count, DType dtype, ReduceOp op, uint8_t* recvBuf);
+  // The first `steps` reduce-scatter steps (N-1 for all of them).
+  void reduceScatterInPlace(uint8_t* data, size_t count, DType dtype, ReduceOp op, uint8_t* recvBuf, int steps);
 
   int rank_, size_;
   Duplex& io_;
