@@ -1,7 +1,6 @@
 #include "cyxwiz/comm/cpu/rendezvous.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <thread>
 
 #include "cyxwiz/comm/backend.h"
@@ -113,10 +112,6 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
   HelloAnswer answer = awaitHelloReply(links.right.socket, deadline);
   if (answer.kind != HelloAnswer::Welcome) {
     throw NetworkError(makeString(rankPrefix(), "init: ", links.right.name(), " refused this rank's ring link: ", answer.reason));
-  }
-  if (const char* b = std::getenv("CYXWIZ_SOCKET_BUFFER")) {
-    links.left.socket.setBufferSizes(std::atoi(b));
-    links.right.socket.setBufferSizes(std::atoi(b));
   }
   return links;
 }
