@@ -35,3 +35,32 @@ def test_awkward_sizes_three_ranks(ranks):
                     env={"CYXWIZ_RING_SLICE_BYTES": "300000", "DISTRIBUTED_TIMEOUT_MS": "10000"})
     assert all(r.rc == 0 for r in res), ranks.report(res)
     assert [json.loads(r.out.strip().splitlines()[-1]) for r in res] == [{"bad": 0}] * 3
+
+
+SMALL_EIGHT = """
+import hashlib, json, numpy as np, pycyxwiz as cx
+cx.distributed.init()
+r, n = cx.distributed.get_rank(), cx.distributed.get_world_size()
+out = []
+for count in (1, 7, 1000, 16384):                 # 16384 float32 = 64 KiB: the largest recursive-doubling size
+    for op, name in ((cx.distributed.ReduceOp.SUM, "sum"), (cx.distributed.ReduceOp.MAX, "max"),
+                     (cx.distributed.ReduceOp.AVG, "avg")):
+        x = np.random.default_rng([count, r]).standard_normal(count).astype(np.float32)
+        cx.distributed.all_reduce(x, op=op)
+        inputs = np.stack([np.random.default_rng([count, k]).standard_normal(count).astype(np.float32)
+                           for k in range(n)]).astype(np.float64)
+        want = {"sum": inputs.sum(0), "max": inputs.max(0), "avg": inputs.mean(0)}[name]
+        ok = bool(np.allclose(x, want, rtol=1e-5, atol=1e-5))
+        out.append([count, name, ok, hashlib.sha256(x.tobytes()).hexdigest()])
+print(json.dumps(out))
+cx.distributed.finalize()
+"""
+
+
+def test_eight_ranks_small_messages_take_recursive_doubling_and_agree(ranks):
+    # Eight ranks (a power of two) open butterfly links; small all-reduces combine in log2(8) rounds.
+    res = ranks.run(SMALL_EIGHT, 8, timeout=110)
+    assert all(r.rc == 0 for r in res), ranks.report(res)
+    outs = [json.loads(r.out.strip().splitlines()[-1]) for r in res]
+    assert all(ok for rank_out in outs for _, _, ok, _ in rank_out), outs[0]
+    assert all(o == outs[0] for o in outs), "ranks ended with different bits"

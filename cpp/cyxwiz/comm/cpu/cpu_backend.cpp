@@ -91,6 +91,7 @@ CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config), spin_
       RingLinks links = connectRing(config, *store_, publishedIp(config, store_->localIp()), deadline);
       left_ = std::move(links.left);
       right_ = std::move(links.right);
+      partners_ = std::move(links.partners);
     } catch (...) {
       failRendezvous(std::current_exception());
     }
@@ -151,7 +152,7 @@ void CpuBackend::execute(Task& task, bool onCaller) {
   try {
     Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work, spin_,
               onCaller ? interruptCheck() : nullptr);
-    Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call);
+    Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call, &left_, &right_, &partners_);
     task.body(ring);
     task.work->finish();
   } catch (...) {
@@ -164,6 +165,7 @@ void CpuBackend::execute(Task& task, bool onCaller) {
     if (monitor_) monitor_->report(kindOf(error), messageOf(error));
     left_.socket.close();
     right_.socket.close();
+    for (Pair& p : partners_) p.socket.close();
     task.work->finish(error);
   }
 }
@@ -196,6 +198,7 @@ void CpuBackend::shutdown() {
   if (monitor_) monitor_->goodbye();
   left_.socket.close();
   right_.socket.close();
+  for (Pair& p : partners_) p.socket.close();
   store_.reset();
   if (server_) server_->stop();
 }

@@ -58,6 +58,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<TcpStore> store_;
   std::unique_ptr<Monitor> monitor_;
   Pair left_, right_;
+  std::vector<Pair> partners_;  // recursive-doubling links (power-of-two worlds of 4+)
   std::vector<uint8_t> scratch_;  // receive and gather space, kept between calls
   std::chrono::microseconds spin_;
 

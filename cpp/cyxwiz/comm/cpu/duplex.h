@@ -49,6 +49,11 @@ class Duplex {
   Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, const Work& work,
          std::chrono::microseconds spin, bool (*interrupted)());
   void run(Step& step);
+  // Later steps receive from `from` and send to `to` (one partner for both in recursive doubling).
+  void use(Pair* from, Pair* to) {
+    left_ = from;
+    right_ = to;
+  }
   std::string what() const { return work_.description(); }
 
  private:

@@ -1,6 +1,8 @@
 #include "cyxwiz/comm/cpu/rendezvous.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "cyxwiz/comm/backend.h"
@@ -30,7 +32,7 @@ std::string rankList(const std::vector<int>& ranks) {
       "WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or raise DISTRIBUTED_TIMEOUT_MS if they start late"));
 }
 
-Pair dialRight(int rank, const std::string& address, Deadline deadline) {
+Pair dialPeer(int rank, const std::string& address, Deadline deadline) {
   std::string host = address.substr(0, address.rfind(':'));
   int port = std::stoi(address.substr(address.rfind(':') + 1));
   int err = 0;
@@ -45,11 +47,13 @@ Pair dialRight(int rank, const std::string& address, Deadline deadline) {
                                 " published an address this machine cannot reach)"));
 }
 
-// Accepts connections until rank `from` introduces itself; strangers are logged and dropped.
-Pair acceptLeft(const DistributedConfig& config, const Socket& listener, const std::string& published, int from,
-                Deadline deadline) {
+// Accepts connections until every rank in `expected` has introduced itself; strangers, other jobs
+// and unexpected ranks are logged and dropped.
+std::map<int, Pair> acceptPeers(const DistributedConfig& config, const Socket& listener, const std::string& published,
+                                std::set<int> expected, Deadline deadline) {
   JobIdentity job = jobIdentityOf(config);
-  while (Clock::now() < deadline) {
+  std::map<int, Pair> accepted;
+  while (!expected.empty() && Clock::now() < deadline) {
     throwIfInterrupted("init");
     Socket s = listener.accept(std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
     if (!s.valid()) continue;
@@ -68,17 +72,22 @@ Pair acceptLeft(const DistributedConfig& config, const Socket& listener, const s
     std::string refusal = checkHello(hello, wire::Channel::Ring, job);
     if (refusal.empty()) refusal = checkProof(buf, hello, hasProof ? buf + wire::kHelloBytes : nullptr, job.secret);
     if (refusal.empty()) refusal = checkGeneration(hello, job);
-    if (refusal.empty() && static_cast<int>(hello.rank) != from) {
-      refusal = makeString("it is rank ", hello.rank, " but this rank's left neighbour is rank ", from);
+    if (refusal.empty() && expected.count(static_cast<int>(hello.rank)) == 0) {
+      refusal = makeString("it is rank ", hello.rank, ", which this rank does not expect a link from");
     }
     replyHello(s, refusal, helloBy);
     if (!refusal.empty()) {
       logWarning(makeString("init: refused a ring connection from ", peer, ": ", refusal));
       continue;
     }
-    return Pair{std::move(s), from, peer};
+    int from = static_cast<int>(hello.rank);
+    expected.erase(from);
+    accepted[from] = Pair{std::move(s), from, peer};
   }
-  throw TimeoutError(makeString(rankPrefix(), "init: Timeout waiting for peers: rank ", from,
+  if (expected.empty()) return accepted;
+  std::string missing;
+  for (int r : expected) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  throw TimeoutError(makeString(rankPrefix(), "init: Timeout waiting for peers: rank ", missing,
                                 " did not connect to this rank's published address ", published, " within ", config.timeoutMs,
                                 " ms (a firewall may block the ports that ranks open for each other)"));
 }
@@ -98,22 +107,50 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
   std::vector<std::string> missing = store.waitAll(keys, deadline);
   if (!missing.empty()) missingRanks(config, missing);
 
+  // This rank dials its right neighbour and its higher-ranked partners; it accepts its left
+  // neighbour and its lower-ranked partners. Hellos go out before any answer is awaited.
   const int rightRank = (rank + 1) % n, leftRank = (rank + n - 1) % n;
-  RingLinks links;
-  links.right = dialRight(rightRank, store.get(addressKey(rightRank), deadline), deadline);
+  std::vector<int> dial{rightRank};
+  std::set<int> accept{leftRank};
+  for (int p : butterflyPartners(rank, n)) (p > rank ? dial.push_back(p) : (void)accept.insert(p));
   wire::Hello hello;
   hello.channel = wire::Channel::Ring;
   hello.jobHash = wire::hashJobId(config.jobId);
   hello.worldSize = static_cast<uint32_t>(n);
   hello.rank = static_cast<uint32_t>(rank);
   hello.generation = config.generation;
-  sendHello(links.right.socket, hello, config.secret, deadline);
-  links.left = acceptLeft(config, listener, published, leftRank, deadline);
-  HelloAnswer answer = awaitHelloReply(links.right.socket, deadline);
-  if (answer.kind != HelloAnswer::Welcome) {
-    throw NetworkError(makeString(rankPrefix(), "init: ", links.right.name(), " refused this rank's ring link: ", answer.reason));
+  std::vector<Pair> dialed;
+  for (int p : dial) {
+    dialed.push_back(dialPeer(p, store.get(addressKey(p), deadline), deadline));
+    sendHello(dialed.back().socket, hello, config.secret, deadline);
+  }
+  std::map<int, Pair> accepted = acceptPeers(config, listener, published, accept, deadline);
+  for (Pair& pair : dialed) {
+    HelloAnswer answer = awaitHelloReply(pair.socket, deadline);
+    if (answer.kind != HelloAnswer::Welcome) {
+      throw NetworkError(makeString(rankPrefix(), "init: ", pair.name(), " refused this rank's link: ", answer.reason));
+    }
+  }
+  RingLinks links;
+  links.right = std::move(dialed[0]);
+  links.left = std::move(accepted[leftRank]);
+  for (int p : butterflyPartners(rank, n)) {
+    if (p > rank) {
+      for (Pair& pair : dialed) {
+        if (pair.rank == p && pair.socket.valid()) links.partners.push_back(std::move(pair));
+      }
+    } else {
+      links.partners.push_back(std::move(accepted[p]));
+    }
   }
   return links;
+}
+
+std::vector<int> butterflyPartners(int rank, int worldSize) {
+  std::vector<int> partners;
+  if (worldSize < 4 || (worldSize & (worldSize - 1)) != 0) return partners;
+  for (int d = 2; d < worldSize; d *= 2) partners.push_back(rank ^ d);
+  return partners;
 }
 
 }  // namespace cyxwiz::comm

@@ -1,7 +1,10 @@
 // Opening the ring: every rank publishes the address of its own listener in the store, waits until
-// all ranks have done so, connects to rank r+1 and accepts rank r-1. Hellos are sent before any
-// answer is awaited, so no rank waits on a circle of others.
+// all ranks have done so, connects to rank r+1 (and to its higher butterfly partners) and accepts
+// rank r-1 (and its lower partners). Hellos are sent before any answer is awaited, so no rank waits
+// on a circle of others.
 #pragma once
+
+#include <vector>
 
 #include "cyxwiz/comm/config.h"
 #include "cyxwiz/comm/cpu/pair.h"
@@ -12,7 +15,13 @@ namespace cyxwiz::comm {
 struct RingLinks {
   Pair left;   // rank r-1 sends to us here
   Pair right;  // we send to rank r+1 here
+  // In power-of-two worlds of 4 or more: links to rank r XOR 2, r XOR 4, ... (r XOR 1 is a ring
+  // neighbour), for recursive doubling of small messages: log2(N) rounds instead of N-1.
+  std::vector<Pair> partners;
 };
+
+// Rank r XOR 2^k for k >= 1, in order; empty unless worldSize is a power of two >= 4.
+std::vector<int> butterflyPartners(int rank, int worldSize);
 
 // `localIp`: the address other ranks can reach this one on (the interface that reaches rank 0).
 RingLinks connectRing(const DistributedConfig& config, Store& store, const std::string& localIp, Deadline deadline);

@@ -15,8 +15,9 @@ iovec span(const void* p, size_t n) { return {const_cast<void*>(p), n}; }
 
 }  // namespace
 
-Ring::Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const CallSignature& call)
-    : rank_(rank), size_(size), io_(io), scratch_(scratch), call_(call) {
+Ring::Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const CallSignature& call, Pair* left,
+           Pair* right, std::vector<Pair>* partners)
+    : rank_(rank), size_(size), io_(io), scratch_(scratch), call_(call), left_(left), right_(right), partners_(partners) {
   wire::encodeCall(call_, myHeader_);
 }
 
@@ -87,6 +88,7 @@ void Ring::allReduce(void* data, size_t count, DType dtype, ReduceOp op) {
   if (size_ == 1) return;
   const size_t esz = itemSize(dtype), bytes = count * esz;
   auto* d = static_cast<uint8_t*>(data);
+  if (bytes <= kSmallBytes && partners_ != nullptr && !partners_->empty()) return recursiveDoubling(d, count, dtype, op);
   if (bytes * static_cast<size_t>(size_ - 1) <= kSmallBytes || count < static_cast<size_t>(size_)) {
     scratch_.resize(bytes * static_cast<size_t>(size_));
     std::memcpy(scratch_.data() + static_cast<size_t>(rank_) * bytes, d, bytes);
@@ -158,6 +160,27 @@ void Ring::broadcast(void* data, size_t bytes, int root) {
   // raised (on a mismatch) is noticed by all of them.
   scratch_.assign(static_cast<size_t>(size_), 1);
   gatherBlocks(scratch_.data(), 1);
+}
+
+void Ring::recursiveDoubling(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
+  const size_t bytes = count * itemSize(dtype);
+  scratch_.resize(2 * bytes);
+  uint8_t* theirs = scratch_.data();
+  uint8_t* combined = scratch_.data() + bytes;
+  for (int distance = 1, k = 0; distance < size_; distance *= 2, ++k) {
+    int partner = rank_ ^ distance;
+    // Distance 1 is a ring neighbour; the others have their own links.
+    Pair* link = distance == 1 ? (partner == mod(rank_ + 1) ? right_ : left_) : &(*partners_)[static_cast<size_t>(k - 1)];
+    io_.use(link, link);
+    step({span(d, bytes)}, {span(theirs, bytes)});
+    const uint8_t* low = rank_ < partner ? d : theirs;
+    const uint8_t* high = rank_ < partner ? theirs : d;
+    std::memcpy(combined, low, bytes);
+    reduceInto(combined, high, count, dtype, op);
+    std::memcpy(d, combined, bytes);
+  }
+  io_.use(left_, right_);
+  if (op == ReduceOp::Avg) finishAverage(d, count, dtype, size_);
 }
 
 void Ring::allGather(const void* in, void* out, size_t bytesPerRank) {

@@ -27,7 +27,9 @@ class Ring {
   // Messages at most this large (times N-1) take the small path.
   static constexpr size_t kSmallBytes = 64 * 1024;
 
-  Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const CallSignature& call);
+  // partners[k-1]: the link to rank r XOR 2^k (k >= 1), present in power-of-two worlds of 4+.
+  Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const CallSignature& call,
+       Pair* left = nullptr, Pair* right = nullptr, std::vector<Pair>* partners = nullptr);
 
   void allReduce(void* data, size_t count, DType dtype, ReduceOp op);
   void broadcast(void* data, size_t bytes, int root);
@@ -45,6 +47,9 @@ class Ring {
   void step(std::vector<iovec> send, std::vector<iovec> recv, Step&& extra = Step());
   void checkLeftHeader();
   void gatherBlocks(uint8_t* blocks, size_t bytesPerRank);
+  // Recursive doubling: in round k exchange the whole partial result with rank r XOR 2^k and
+  // combine, lower rank's operand first, so that both partners compute the same bits.
+  void recursiveDoubling(uint8_t* data, size_t count, DType dtype, ReduceOp op);
   void ringAllReduce(uint8_t* data, size_t count, DType dtype, ReduceOp op);
   static size_t sliceBytes();
   // The first `steps` reduce-scatter steps (N-1 for all of them).
@@ -54,6 +59,9 @@ class Ring {
   Duplex& io_;
   std::vector<uint8_t>& scratch_;
   CallSignature call_;
+  Pair* left_;
+  Pair* right_;
+  std::vector<Pair>* partners_;
   uint8_t myHeader_[wire::kCallHeaderBytes];
   uint8_t leftHeader_[wire::kCallHeaderBytes];
   bool headerSent_ = false;
