@@ -57,14 +57,19 @@ void requireCpu(const Tensor& t, const char* what) {
 
 namespace {
 
-// CYXWIZ_SPIN_US, else 50 us when this machine has a core for every local rank, else 0.
+// How long a blocking call polls before it sleeps: CYXWIZ_SPIN_US, else 2 ms when this machine has
+// a core for every local rank (a sleeping rank wakes 20-100 us late on a busy host), else 0.
 std::chrono::microseconds spinBudget(int worldSize) {
   if (const char* v = std::getenv("CYXWIZ_SPIN_US")) return std::chrono::microseconds(std::atoll(v));
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   long ranksHere = local ? std::atol(local) : worldSize;
   long cores = static_cast<long>(std::thread::hardware_concurrency());
-  return std::chrono::microseconds(ranksHere > 0 && ranksHere <= cores ? 50 : 0);
+  return std::chrono::microseconds(ranksHere > 0 && ranksHere <= cores ? 2000 : 0);
 }
+
+// The communication thread runs beside the caller's computation (async calls, DDP buckets): it
+// spins only briefly, so as not to take a core from it.
+constexpr std::chrono::microseconds kMaxAsyncSpin{50};
 
 // The address other ranks reach this one on: the interface that reaches rank 0. When MASTER_ADDR is
 // a name that resolves to loopback here (Debian maps the host's own name to 127.0.1.1), that would
@@ -150,7 +155,8 @@ void CpuBackend::execute(Task& task, bool onCaller) {
     if (broken_) return task.work->finish(broken_);
   }
   try {
-    Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work, spin_,
+    Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work,
+              onCaller ? spin_ : std::min(spin_, kMaxAsyncSpin),
               onCaller ? interruptCheck() : nullptr);
     Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call, &left_, &right_, &partners_);
     task.body(ring);

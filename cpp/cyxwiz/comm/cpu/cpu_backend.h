@@ -60,7 +60,7 @@ class CpuBackend final : public Backend {
   Pair left_, right_;
   std::vector<Pair> partners_;  // recursive-doubling links (power-of-two worlds of 4+)
   std::vector<uint8_t> scratch_;  // receive and gather space, kept between calls
-  std::chrono::microseconds spin_;
+  std::chrono::microseconds spin_;  // for blocking calls on the caller's thread
 
   std::mutex mutex_;
   std::condition_variable changed_;
