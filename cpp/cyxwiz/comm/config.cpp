@@ -139,11 +139,13 @@ DistributedConfig DistributedConfig::fromEnvironment() {
     c.masterPort = static_cast<int>(requireRange("MASTER_PORT", parseInteger("MASTER_PORT", *port, "a TCP port, 1..65535"), 1, 65535, "a TCP port, 1..65535"));
     // Under torchrun the agent's own store already listens on MASTER_PORT: take the next port.
     if (env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
-      c.masterPort = c.masterPort < 65535 ? c.masterPort + 1 : c.masterPort - 1;
+      c.masterPort = c.masterPort < 65000 ? c.masterPort + 1 : c.masterPort - 16;
+      c.portSpan = 8;  // MASTER_PORT + 1 may be someone's ephemeral port: rank 0 takes the first free one
       if (c.source == "RANK/WORLD_SIZE") c.source = "torchrun";
     }
   }
   if (auto port = env("CYXWIZ_MASTER_PORT")) {
+    c.portSpan = 1;
     c.masterPort = static_cast<int>(requireRange("CYXWIZ_MASTER_PORT", parseInteger("CYXWIZ_MASTER_PORT", *port, "a TCP port, 1..65535"), 1, 65535, "a TCP port, 1..65535"));
   }
   if (auto backend = env("DISTRIBUTED_BACKEND")) c.backend = parseBackend("DISTRIBUTED_BACKEND", *backend);

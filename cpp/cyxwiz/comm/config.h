@@ -24,6 +24,9 @@ struct DistributedConfig {
   int localRank = 0;
   std::string masterAddr = "127.0.0.1";
   int masterPort = kDefaultPort;
+  // The rendezvous is on the first free port of masterPort .. masterPort + portSpan - 1. 1 unless
+  // the port was derived rather than chosen (under torchrun: MASTER_PORT + 1 onwards).
+  int portSpan = 1;
   BackendType backend = BackendType::CPU;
   int64_t timeoutMs = kDefaultTimeoutMs;
   // Ranks of one job must agree on it; a connection from another job is refused. From CYXWIZ_JOB_ID

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <map>
+#include <set>
 #include <memory>
 #include <vector>
 
@@ -17,6 +18,7 @@ namespace cyxwiz::comm {
 namespace {
 
 constexpr size_t kMaxKeyBytes = 4096;
+constexpr std::chrono::milliseconds kTimeoutVerdictWindow{1000};
 constexpr uint64_t kMaxValueBytes = 64ull << 20;
 
 int64_t toInteger(const std::string& s) {
@@ -135,7 +137,8 @@ class Loop {
       logWarning(makeString("rendezvous: a connection from ", c.address, " closed without a pycyxwiz hello (it sent ",
                             describeStrangerBytes(c.in.data(), c.in.size()), "): a port scan, or a process of another program"));
     }
-    if (c.state == Connection::Monitor && !c.saidGoodbye) {
+    // A rank that reported its failure and then left is not news; one that just vanished is.
+    if (c.state == Connection::Monitor && !c.saidGoodbye && !reported_.count(c.rank)) {
       abortJob(c.rank, wire::ErrorKind::Network,
                makeString("rank ", c.rank, " (", c.address, ") died: its connection to the rendezvous on rank 0 closed "
                           "without finalize (the process crashed, was killed, or exited before the others)"));
@@ -147,15 +150,48 @@ class Loop {
     }
   }
 
-  void abortJob(int origin, wire::ErrorKind kind, const std::string& message) {
+  // `toOrigin`: the origin gets the notice too (a timeout verdict adds to what it knew).
+  void abortJob(int origin, wire::ErrorKind kind, const std::string& message, bool toOrigin = false) {
     if (aborted_) return;  // the first failure is the cause; later ones are its echoes
     aborted_ = true;
+    timeout_.active = false;
     auto notice = frame(static_cast<uint8_t>(wire::Notice::Abort), static_cast<uint8_t>(kind), static_cast<uint32_t>(origin), message);
     for (auto& other : conns_) {
-      if (other->state == Connection::Monitor && !other->dead && other->rank != origin) send(*other, notice);
+      if (other->state == Connection::Monitor && !other->dead && (toOrigin || other->rank != origin)) send(*other, notice);
     }
   }
 
+  // A timeout is not told at once: the ranks stuck in the same collective report theirs within
+  // moments, and the rank that does not report is the one that is stopped or hung. The verdict
+  // names it (the first reporter usually names only the neighbour it waited on).
+  void reportTimeout(int origin, const std::string& message) {
+    if (aborted_) return;
+    if (!timeout_.active) timeout_ = {true, origin, message, Clock::now() + kTimeoutVerdictWindow, {}};
+    timeout_.reporters.insert(origin);
+  }
+
+ public:
+  bool timeoutPending() const { return timeout_.active; }
+
+  // `now`: the server is stopping; tell what is known.
+  void decideTimeout(bool now = false) {
+    if (!timeout_.active) return;
+    std::set<int> silent;
+    for (auto& c : conns_) {
+      if (c->state == Connection::Monitor && !c->dead && !timeout_.reporters.count(c->rank)) silent.insert(c->rank);
+    }
+    if (!now && !silent.empty() && Clock::now() < timeout_.until) return;
+    std::string verdict = timeout_.message;
+    if (!silent.empty()) {
+      std::string list;
+      for (int r : silent) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      verdict += makeString(" [rank", silent.size() > 1 ? "s " : " ", list, silent.size() > 1 ? " do" : " does",
+                            " not report a timeout of its own: stopped, hung, or busy outside collectives]");
+    }
+    abortJob(timeout_.origin, wire::ErrorKind::Timeout, verdict, true);
+  }
+
+ private:
   bool parseOne(Connection& c) {
     if (c.state == Connection::Handshake) return parseHello(c);
     if (c.in.size() < wire::kFrameBytes) return false;
@@ -200,7 +236,10 @@ class Loop {
         data_[key] = std::to_string(now);
         return reply(c, data_[key]);
       }
-      case wire::StoreOp::Abort: return abortJob(c.rank, static_cast<wire::ErrorKind>(kind), value);
+      case wire::StoreOp::Abort:
+        reported_.insert(c.rank);
+        if (static_cast<wire::ErrorKind>(kind) == wire::ErrorKind::Timeout) return reportTimeout(c.rank, value);
+        return abortJob(c.rank, static_cast<wire::ErrorKind>(kind), value);
       case wire::StoreOp::Goodbye: c.saidGoodbye = true; return;
     }
     logWarning(makeString("rendezvous: rank ", c.rank, " (", c.address, ") sent an unknown request; closing it"));
@@ -268,21 +307,30 @@ class Loop {
   std::map<std::string, std::string> data_;
   std::map<std::string, std::vector<Connection*>> waiters_;
   bool aborted_ = false;
+  std::set<int> reported_;  // ranks that told us why they stop
+  struct PendingTimeout {
+    bool active = false;
+    int origin = -1;
+    std::string message;
+    Deadline until;
+    std::set<int> reporters;
+  } timeout_;
 };
 
 }  // namespace
 
-StoreServer::StoreServer(int port, const JobIdentity& job, int64_t handshakeTimeoutMs)
+StoreServer::StoreServer(int port, int span, const JobIdentity& job, int64_t handshakeTimeoutMs)
     : port_(port), job_(job), handshakeTimeoutMs_(handshakeTimeoutMs) {
   int err = 0;
-  listener_ = Socket::listenAny(port, 1024, &err);
+  for (int p = port; p < port + span && !listener_.valid(); ++p) listener_ = Socket::listenAny(p, 1024, &err);
   if (!listener_.valid()) {
     std::string why = err == EADDRINUSE
                           ? "another job, or a process left over from an earlier run, is using it: stop it, or choose "
                             "a free port with MASTER_PORT (the same on every rank); the launcher picks a free port by "
                             "itself when MASTER_PORT is not set"
                           : "check MASTER_PORT (ports below 1024 need privileges)";
-    throw NetworkError(makeString(rankPrefix(), "init: rank 0 cannot serve the rendezvous on port ", port, ": ",
+    std::string ports = span > 1 ? makeString("ports ", port, "-", port + span - 1) : makeString("port ", port);
+    throw NetworkError(makeString(rankPrefix(), "init: rank 0 cannot serve the rendezvous on ", ports, ": ",
                                   errnoString(err), "; ", why));
   }
   port_ = listener_.localPort();
@@ -315,7 +363,7 @@ void StoreServer::run() {
     auto& conns = loop.connections();
     fds.assign({{listener_.fd(), POLLIN, 0}, {wakeRead_, POLLIN, 0}});
     for (auto& c : conns) fds.push_back({c->socket.fd(), static_cast<short>(POLLIN | (c->out.empty() ? 0 : POLLOUT)), 0});
-    int rc = ::poll(fds.data(), fds.size(), 200);
+    int rc = ::poll(fds.data(), fds.size(), loop.timeoutPending() ? 20 : 200);
     if (rc < 0 && errno != EINTR) break;
     if (rc > 0) {
       for (size_t i = 0; i < conns.size(); ++i) {
@@ -332,12 +380,14 @@ void StoreServer::run() {
       }
     }
     loop.expireSilent();
+    loop.decideTimeout();
     loop.sweep();
   }
   // A failure reported just before stop() (rank 0's own init failing) still reaches the others.
   for (auto& c : loop.connections()) {
     if (!c->dead) loop.onReadable(*c);
   }
+  loop.decideTimeout(true);
   loop.shutdown();
 }
 

@@ -20,8 +20,9 @@ namespace cyxwiz::comm {
 
 class StoreServer {
  public:
-  // Binds the port (throws NetworkError naming it when busy) and starts serving.
-  StoreServer(int port, const JobIdentity& job, int64_t handshakeTimeoutMs);
+  // Binds the first free port of port .. port + span - 1 (NetworkError naming it when all are busy)
+  // and starts serving.
+  StoreServer(int port, int span, const JobIdentity& job, int64_t handshakeTimeoutMs);
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;

@@ -25,14 +25,17 @@ Socket dialRendezvous(const DistributedConfig& config, wire::Channel channel, De
   std::string master = makeString(config.masterAddr, ":", config.masterPort);
   std::string lastError = "no attempt finished";
   auto pause = std::chrono::milliseconds(10);
-  for (;;) {
+  for (int attemptNo = 0;; ++attemptNo) {
     int err = 0;
+    // With a span of candidate ports, try them in turn: rank 0 serves on the first free one.
+    int port = config.masterPort + attemptNo % std::max(1, config.portSpan);
+    master = makeString(config.masterAddr, ":", port);
     Deadline attempt = std::min(deadline, Clock::now() + std::chrono::seconds(5));
-    Socket s = Socket::connectTo(config.masterAddr, config.masterPort, attempt, &err);
+    Socket s = Socket::connectTo(config.masterAddr, port, attempt, &err);
     if (s.valid()) {
-      HelloAnswer answer = sayHello(s, hello, config.secret, deadline);
+      HelloAnswer answer = sayHello(s, hello, config.secret, std::min(deadline, Clock::now() + std::chrono::seconds(5)));
       if (answer.kind == HelloAnswer::Welcome) return s;
-      if (answer.kind == HelloAnswer::Refused) {
+      if (answer.kind == HelloAnswer::Refused && config.portSpan == 1) {
         throw StoreError(makeString(rankPrefix(), "init: rank 0's rendezvous at ", master, " refused this rank: ", answer.reason));
       }
       lastError = makeString(answer.reason, " from ", master);
@@ -45,6 +48,7 @@ Socket dialRendezvous(const DistributedConfig& config, wire::Channel channel, De
     }
     if (Clock::now() >= deadline) break;
     throwIfInterrupted("init");
+    if ((attemptNo + 1) % std::max(1, config.portSpan) != 0) continue;  // next candidate port at once
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
     pause = std::min(pause * 2, std::chrono::milliseconds(500));
   }

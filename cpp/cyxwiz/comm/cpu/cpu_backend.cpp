@@ -89,7 +89,7 @@ std::string publishedIp(const DistributedConfig& config, const std::string& viaM
 CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config), spin_(spinBudget(config.worldSize)) {
   if (config.worldSize > 1) {
     Deadline deadline = deadlineAfterMs(config.timeoutMs);
-    if (config.rank == 0) server_ = std::make_unique<StoreServer>(config.masterPort, jobIdentityOf(config), std::min<int64_t>(config.timeoutMs, 10000));
+    if (config.rank == 0) server_ = std::make_unique<StoreServer>(config.masterPort, config.portSpan, jobIdentityOf(config), std::min<int64_t>(config.timeoutMs, 10000));
     try {
       store_ = std::make_unique<TcpStore>(config, deadline);
       monitor_ = std::make_unique<Monitor>(config, deadline);
@@ -168,7 +168,23 @@ void CpuBackend::execute(Task& task, bool onCaller) {
       broken_ = error;
     }
     // Tell the job first, so that every rank stops with this cause rather than a lost connection.
-    if (monitor_) monitor_->report(kindOf(error), messageOf(error));
+    if (monitor_) {
+      monitor_->report(kindOf(error), messageOf(error));
+      // A timeout comes back from rank 0 with a verdict naming the rank that never reported.
+      if (kindOf(error) == wire::ErrorKind::Timeout) {
+        if (auto verdict = monitor_->waitForNotice(deadlineAfterMs(2000))) {
+          std::string text = verdict->origin == config_.rank ? verdict->message
+                                                             : task.work->description() + ": " + noticeText(*verdict);
+          try {
+            raiseFailure(verdict->kind, text);
+          } catch (...) {
+            error = std::current_exception();
+          }
+          std::lock_guard<std::mutex> lock(mutex_);
+          broken_ = error;
+        }
+      }
+    }
     left_.socket.close();
     right_.socket.close();
     for (Pair& p : partners_) p.socket.close();
