@@ -174,6 +174,23 @@ def test_torchrun(tmp_path, how):
         assert rec["job_id"] == run_id, report
 
 
+@needs_torchrun
+def test_torchrun_when_the_port_after_master_port_is_taken(tmp_path):
+    """torchrun's agent holds MASTER_PORT; pycyxwiz's rendezvous moves on past a stranger on MASTER_PORT + 1."""
+    port = free_port()
+    with socket.socket() as stranger:
+        try:
+            stranger.bind(("0.0.0.0", port + 1))
+        except OSError:
+            pytest.skip(f"port {port + 1} is not free here")
+        stranger.listen()
+        rc, out, err = launch(["torchrun", "--nproc-per-node", "2", "--master-port", str(port), "rank_script.py"],
+                              tmp_path, clean_env())
+    report = fmt(rc, out, err)
+    assert rc == 0, report
+    check_collectives(results(tmp_path, report), 2, report)
+
+
 # -------------------------------------------------------------------------------------------- mpirun
 
 
