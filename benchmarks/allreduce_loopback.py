@@ -67,14 +67,20 @@ def _send_total(sock, total, buf):
 
 # ---- the processes that the measurements start (python allreduce_loopback.py --role ...) ----
 
-def _role_sink(port, total):
-    """Accept one connection, receive `total` bytes, send one byte back."""
+def _accept_one(port):
+    """Listen on 127.0.0.1:port, say so on stdout (the driver waits for it), accept one connection."""
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("127.0.0.1", port))
     srv.listen(1)
     print("LISTENING", flush=True)
     conn, _ = srv.accept()
+    return conn
+
+
+def _role_sink(port, total):
+    """Accept one connection, receive `total` bytes, send one byte back."""
+    conn = _accept_one(port)
     buf = bytearray(CHUNK)
     _recv_exact(conn, total, buf)
     conn.sendall(b"k")
@@ -84,12 +90,7 @@ def _role_sink(port, total):
 def _role_peer(port, total, listen):
     """Both ways: connect (or accept), then send `total` bytes while receiving `total`; print our rates."""
     if listen:
-        srv = socket.socket()
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind(("127.0.0.1", port))
-        srv.listen(1)
-        print("LISTENING", flush=True)
-        conn, _ = srv.accept()
+        conn = _accept_one(port)
     else:
         conn = socket.create_connection(("127.0.0.1", port), timeout=30)
         conn.settimeout(None)

@@ -140,13 +140,17 @@ std::shared_ptr<Work> CpuBackend::submit(CallSignature call, bool async, std::fu
   }
   // Work issued earlier runs first; then this call runs here, with no hand-off to another thread.
   changed_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  runLocked(lock, task, true);
+  return work;
+}
+
+void CpuBackend::runLocked(std::unique_lock<std::mutex>& lock, Task& task, bool onCaller) {
   busy_ = true;
   lock.unlock();
-  execute(task, true);
+  execute(task, onCaller);
   lock.lock();
   busy_ = false;
   changed_.notify_all();
-  return work;
 }
 
 void CpuBackend::execute(Task& task, bool onCaller) {
@@ -199,12 +203,7 @@ void CpuBackend::workerLoop() {
     if (queue_.empty()) return;
     Task task = std::move(queue_.front());
     queue_.pop_front();
-    busy_ = true;
-    lock.unlock();
-    execute(task, false);
-    lock.lock();
-    busy_ = false;
-    changed_.notify_all();
+    runLocked(lock, task, false);
   }
 }
 

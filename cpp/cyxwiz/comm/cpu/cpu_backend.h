@@ -51,6 +51,8 @@ class CpuBackend final : public Backend {
   std::shared_ptr<Work> submit(CallSignature call, bool async, std::function<void(Ring&)> body);
   // onCaller: on the thread that issued it (a blocking call), which may be interrupted (Ctrl-C).
   void execute(Task& task, bool onCaller);
+  // Marks the backend busy, runs the task with `lock` released, then wakes whoever waits.
+  void runLocked(std::unique_lock<std::mutex>& lock, Task& task, bool onCaller);
   void workerLoop();
   [[noreturn]] void failRendezvous(std::exception_ptr error);
 
