@@ -115,6 +115,9 @@ static bool pythonSignalPending() {
   return PyErr_CheckSignals() != 0;
 }
 
+void init_ddp(py::module_& d);
+void init_trainer(py::module_& d);
+
 void init_distributed(py::module_& m) {
   py::module_ d = m.def_submodule("distributed", "Data-parallel communication: init, collectives, errors.");
   registerExceptions(d);
@@ -223,4 +226,7 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
     auto b = backend("barrier");
     return finish(released([&] { return b->barrier(async); }), async, py::none());
   }, py::arg("async_op") = false, "Wait until every rank has called barrier().");
+
+  init_ddp(d);
+  init_trainer(d);
 }

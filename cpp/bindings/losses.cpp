@@ -16,7 +16,7 @@ namespace {
 
 Tensor lossTarget(Loss& loss, py::handle target) {
   std::string what = loss.typeName() + " target";
-  return loss.takesClassIndices() ? targetTensor(target, what.c_str()) : floatTensor(target, what.c_str());
+  return cyxwiz::bindings::lossTargetTensor(loss.takesClassIndices(), target, what.c_str());
 }
 
 }  // namespace

@@ -56,6 +56,10 @@ Tensor floatTensor(py::handle obj, const char* what) {
   return wrap(py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(arr));
 }
 
+Tensor lossTargetTensor(bool classIndices, py::handle obj, const char* what) {
+  return classIndices ? targetTensor(obj, what) : floatTensor(obj, what);
+}
+
 Tensor targetTensor(py::handle obj, const char* what) {
   py::object view;  // as in floatTensor
   if (py::isinstance<Tensor>(obj)) {

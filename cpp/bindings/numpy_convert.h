@@ -16,6 +16,8 @@ Tensor floatTensor(py::handle obj, const char* what);
 // Class indices from any integer dtype -> int64 (1-D); a 1-D float array only when every value is an
 // exact integer (labels are never silently truncated); a 2-D array -> float32 rows (one-hot/probabilities).
 Tensor targetTensor(py::handle obj, const char* what);
+// A loss target: targetTensor when the loss takes class indices, else floatTensor (regression values).
+Tensor lossTargetTensor(bool classIndices, py::handle obj, const char* what);
 // A numpy array over the tensor's storage (writable view; keeps the storage alive). None when undefined.
 py::object toNumpy(const Tensor& t);
 Tensor fromNumpyAnyDtype(py::handle obj, const char* what);

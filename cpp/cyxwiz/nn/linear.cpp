@@ -60,6 +60,7 @@ Tensor LinearModule::backward(const Tensor& gradOutput) {
       for (int64_t j = 0; j < out_; ++j) db[j] += row[j];
     }
   }
+  gradsReady();
   if (!needInputGrad_) return Tensor();
   // dx = g W
   Tensor gradInput = Tensor::empty({batch, in_});

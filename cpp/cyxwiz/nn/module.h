@@ -8,6 +8,7 @@
 // nothing consumes it, and skipping it saves a GEMM).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -49,6 +50,10 @@ class Module {
   bool training() const { return training_; }
   void setNeedInputGrad(bool need) { needInputGrad_ = need; }
   bool needInputGrad() const { return needInputGrad_; }
+  // Called by backward once this module's parameter gradients are complete and before the input
+  // gradient is computed: DDP starts their all-reduce there, overlapping it with the rest of backward.
+  using GradReadyHook = std::function<void(Module&)>;
+  void setGradReadyHook(GradReadyHook hook) { gradReadyHook_ = std::move(hook); }
 
  protected:
   // The input as backward may keep it: engine-owned buffers as they are, borrowed ones copied.
@@ -58,8 +63,15 @@ class Module {
   // requireForward, then: `gradOutput` is float32 of the `expected` shape (what forward returned).
   void checkBackward(const Tensor& cached, const Tensor& gradOutput, const Shape& expected) const;
 
+  void gradsReady() {
+    if (gradReadyHook_) gradReadyHook_(*this);
+  }
+
   bool training_ = true;
   bool needInputGrad_ = true;
+
+ private:
+  GradReadyHook gradReadyHook_;
 };
 
 // Builds a module from its stored spec (model files). Throws InvalidArgument for an unknown type, bad

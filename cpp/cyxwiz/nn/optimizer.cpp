@@ -36,10 +36,18 @@ void Optimizer::ensureState(const std::vector<Parameter*>& params) {
 
 void Optimizer::step(SequentialModel& model) {
   std::vector<Parameter*> params = model.parameters();
+  beginStep(params);
+  for (size_t i = 0; i < params.size(); ++i) updateParameter(i, *params[i]);
+}
+
+void Optimizer::beginStep(const std::vector<Parameter*>& params) {
   ensureState(params);
   ++steps_;
+}
+
+void Optimizer::updateParameter(size_t index, Parameter& param) {
   std::vector<Tensor> none;
-  for (size_t i = 0; i < params.size(); ++i) update(*params[i], slots_.empty() ? none : slots_[i]);
+  update(param, slots_.empty() ? none : slots_.at(index));
 }
 
 void Optimizer::zeroGrad(SequentialModel& model) { model.zeroGrad(); }

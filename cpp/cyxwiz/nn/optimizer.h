@@ -27,6 +27,10 @@ class Optimizer {
   virtual std::string repr() const = 0;
 
   void step(SequentialModel& model);
+  // step() in two halves, so DDP can update a bucket's parameters as soon as its all-reduce lands:
+  // beginStep once per step, then updateParameter once for every index of `params`.
+  void beginStep(const std::vector<Parameter*>& params);
+  void updateParameter(size_t index, Parameter& param);
   void zeroGrad(SequentialModel& model);
   double learningRate() const { return lr_; }
   void setLearningRate(double lr);

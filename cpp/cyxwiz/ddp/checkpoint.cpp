@@ -1,0 +1,123 @@
+#include "cyxwiz/ddp/checkpoint.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/nn/model_file.h"
+
+namespace cyxwiz::ddp {
+
+const FileKind kCheckpointFileKind{"CYXCKPT1", "pycyxwiz checkpoint", 1};
+
+namespace {
+
+void writeDoubles(ByteWriter& out, const std::vector<double>& v) {
+  out.u32(static_cast<uint32_t>(v.size()));
+  for (double x : v) out.f64(x);
+}
+
+std::vector<double> readDoubles(ByteReader& in) {
+  uint32_t n = in.u32();
+  if (n > 10000000) in.fail(makeString("history length ", n, " is implausible"));
+  std::vector<double> v(n);
+  for (double& x : v) x = in.f64();
+  return v;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encodeCheckpoint(const nn::SequentialModel& model, const TrainingState& state) {
+  ByteWriter out;
+  nn::encodeModel(out, model);
+  out.str(state.optimizerType);
+  out.u32(static_cast<uint32_t>(state.optimizer.scalars.size()));
+  for (const auto& [key, value] : state.optimizer.scalars) {
+    out.str(key);
+    out.f64(value);
+  }
+  out.u32(static_cast<uint32_t>(state.optimizer.tensors.size()));
+  for (const auto& [key, tensor] : state.optimizer.tensors) {
+    out.str(key);
+    out.tensor(tensor);
+  }
+  out.i64(state.epoch);
+  out.u32(static_cast<uint32_t>(state.worldSize));
+  out.u32(static_cast<uint32_t>(state.rngStates.size()));
+  for (const std::string& s : state.rngStates) out.str(s);
+  const TrainingHistory& h = state.history;
+  writeDoubles(out, h.trainLosses);
+  writeDoubles(out, h.trainAccuracies);
+  writeDoubles(out, h.valLosses);
+  writeDoubles(out, h.valAccuracies);
+  return out.bytes();
+}
+
+TrainingState decodeCheckpoint(const std::vector<uint8_t>& payload, const std::string& what, nn::SequentialModel& model) {
+  ByteReader in(payload, what);
+  try {
+    nn::decodeWeightsInto(in, model);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(makeString(what, ": ", e.what()));
+  }
+  TrainingState state;
+  state.optimizerType = in.str();
+  uint32_t nscalars = in.u32();
+  if (nscalars > 1000) in.fail(makeString("optimizer scalar count ", nscalars, " is implausible"));
+  for (uint32_t i = 0; i < nscalars; ++i) {
+    std::string key = in.str();
+    state.optimizer.scalars[key] = in.f64();
+  }
+  uint32_t ntensors = in.u32();
+  if (ntensors > 100000) in.fail(makeString("optimizer buffer count ", ntensors, " is implausible"));
+  for (uint32_t i = 0; i < ntensors; ++i) {
+    std::string key = in.str();
+    state.optimizer.tensors[key] = in.tensor();
+  }
+  state.epoch = in.i64();
+  if (state.epoch < 0) in.fail(makeString("epoch ", state.epoch, " is negative"));
+  state.worldSize = static_cast<int>(in.u32());
+  uint32_t nrng = in.u32();
+  if (nrng > 1000000) in.fail(makeString("RNG state count ", nrng, " is implausible"));
+  for (uint32_t i = 0; i < nrng; ++i) state.rngStates.push_back(in.str());
+  state.history.trainLosses = readDoubles(in);
+  state.history.trainAccuracies = readDoubles(in);
+  state.history.valLosses = readDoubles(in);
+  state.history.valAccuracies = readDoubles(in);
+  if (!in.atEnd()) in.fail("unexpected bytes after the training history");
+  return state;
+}
+
+std::string checkpointFileName(int64_t epoch, int rank) {
+  char name[64];
+  if (rank < 0) {
+    std::snprintf(name, sizeof name, "checkpoint_epoch_%04lld.ckpt", static_cast<long long>(epoch));
+  } else {
+    std::snprintf(name, sizeof name, "checkpoint_epoch_%04lld.rank%d.ckpt", static_cast<long long>(epoch), rank);
+  }
+  return name;
+}
+
+std::string latestCheckpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "";
+  static const std::regex pattern(R"(checkpoint_epoch_(\d+)(\.rank0)?\.ckpt)");
+  std::string best;
+  long long bestEpoch = -1;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, m, pattern)) continue;
+    long long epoch = std::stoll(m[1].str());
+    // At equal epochs prefer the shared file over rank 0's own.
+    if (epoch > bestEpoch || (epoch == bestEpoch && !m[2].matched)) {
+      bestEpoch = epoch;
+      best = entry.path().string();
+    }
+  }
+  return best;
+}
+
+}  // namespace cyxwiz::ddp

@@ -1,0 +1,235 @@
+#include "cyxwiz/ddp/ddp.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "cyxwiz/comm/process_group.h"
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
+#include "cyxwiz/ddp/exchange.h"
+
+namespace cyxwiz::ddp {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr size_t kFirstBucketCap = 1 << 20;  // PyTorch DDP's first bucket: start communicating early
+
+bool envFlag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0 && std::strcmp(v, "false") != 0 && std::strcmp(v, "no") != 0;
+}
+
+double checksum(const Tensor& t) {
+  const float* x = t.data<float>();
+  double s = 0.0;
+  for (int64_t i = 0; i < t.numel(); ++i) s += x[i];
+  return s;
+}
+
+bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialModel> model, const DDPConfig& config)
+    : model_(std::move(model)), config_(config) {
+  CYX_CHECK(model_ != nullptr, "DistributedDataParallel: model is None");
+  CYX_CHECK(config.bucketSizeMb > 0, "DDPConfig.bucket_size_mb=", config.bucketSizeMb, " must be positive");
+  backend_ = comm::backend("DistributedDataParallel");
+  config_.checkGradients = config.checkGradients || envFlag("CYXWIZ_DDP_CHECK_GRADIENTS");
+  if (config.findUnusedParameters) {
+    logInfo("DDPConfig.find_unused_parameters=True has no effect: every layer of a SequentialModel receives a "
+            "gradient in every backward");
+  }
+  fingerprint_ = model_->architectureFingerprint();
+  if (worldSize() > 1) {
+    checkSameArchitecture();
+    if (config.broadcastParameters) broadcastParameters();
+  }
+  const size_t cap = static_cast<size_t>(config.bucketSizeMb * kMiB);
+  buckets_ = std::make_unique<GradientBuckets>(*model_, std::max<size_t>(cap, 1), std::min(cap, kFirstBucketCap));
+  for (const auto& m : model_->modules()) {
+    m->setGradReadyHook([this](nn::Module& module) { onGradsReady(module); });
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (const auto& m : model_->modules()) m->setGradReadyHook(nullptr);
+  try {
+    waitAll();  // the communication thread must not write into buckets after they are gone
+  } catch (...) {
+  }
+}
+
+void DistributedDataParallel::checkSameArchitecture() {
+  std::string summary;
+  for (const auto& m : model_->modules()) summary += (summary.empty() ? "" : " -> ") + m->repr();
+  std::vector<std::string> all = allGatherStrings(*backend_, fingerprint_ + "\n" + summary);
+  bool same = true;
+  for (const std::string& s : all) same = same && s.substr(0, s.find('\n')) == fingerprint_;
+  if (same) return;
+  std::string message = makeString(rankPrefix(), "DistributedDataParallel: the model differs across ranks; every rank "
+                                   "must build the same architecture (same layers, sizes and order):");
+  for (size_t r = 0; r < all.size(); ++r) {
+    bool differs = all[r].substr(0, all[r].find('\n')) != all[0].substr(0, all[0].find('\n'));
+    message += makeString("\n  rank ", r, differs ? " (differs from rank 0)" : "", ": ",
+                          all[r].substr(all[r].find('\n') + 1));
+  }
+  throw DistError(message);
+}
+
+void DistributedDataParallel::broadcastParameters() {
+  std::vector<nn::Parameter*> params = model_->parameters();
+  Tensor flat = Tensor::empty({model_->numParameters()});
+  int64_t offset = 0;
+  for (nn::Parameter* p : params) {
+    flat.view(offset, p->value.shape()).copyFrom(p->value);
+    offset += p->value.numel();
+  }
+  backend_->broadcast(flat, 0, false)->wait();
+  offset = 0;
+  for (nn::Parameter* p : params) {
+    p->value.copyFrom(flat.view(offset, p->value.shape()));
+    offset += p->value.numel();
+  }
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  checkModelUnchanged("forward");
+  return model_->forward(input);
+}
+
+Tensor DistributedDataParallel::backward(const Tensor& gradOutput, bool needInputGrad) {
+  checkModelUnchanged("backward");
+  waitAll();  // the last backward's all-reduces write into the buckets this one adds to
+  const bool reduce = requireSync_ && worldSize() > 1;
+  auto& buckets = buckets_->buckets();
+  for (Bucket& b : buckets) b.pending = b.layers;
+  inBackward_ = reduce;
+  Tensor gradInput;
+  try {
+    gradInput = model_->backward(gradOutput, needInputGrad);
+  } catch (...) {
+    inBackward_ = false;
+    throw;
+  }
+  inBackward_ = false;
+  for (Bucket& b : buckets) {
+    if (!reduce) {
+      b.stale = worldSize() > 1;
+    } else if (!b.work) {
+      launch(b);  // a layer that did not report its gradients: reduce its bucket now
+    }
+  }
+  return gradInput;
+}
+
+void DistributedDataParallel::onGradsReady(const nn::Module& module) {
+  if (!inBackward_) return;
+  for (size_t index : buckets_->bucketsOf(&module)) {
+    Bucket& b = buckets_->buckets()[index];
+    if (--b.pending == 0) launch(b);
+  }
+}
+
+void DistributedDataParallel::launch(Bucket& bucket) {
+  bucket.work = backend_->allReduce(bucket.storage, comm::ReduceOp::Avg, true);
+  bucket.stale = false;
+}
+
+void DistributedDataParallel::launchStale() {
+  for (Bucket& b : buckets_->buckets()) {
+    if (b.stale) launch(b);
+  }
+}
+
+void DistributedDataParallel::waitAll() {
+  for (Bucket& b : buckets_->buckets()) {
+    if (b.work) std::exchange(b.work, nullptr)->wait();
+  }
+}
+
+void DistributedDataParallel::syncGradients() {
+  checkModelUnchanged("sync_gradients");
+  launchStale();
+  waitAll();
+}
+
+void DistributedDataParallel::updateParameters(nn::Optimizer& optimizer) {
+  checkModelUnchanged("update_parameters");
+  std::vector<nn::Parameter*> params = model_->parameters();
+  launchStale();
+  if (config_.checkGradients && worldSize() > 1) {
+    waitAll();
+    compareAcrossRanks();
+  }
+  optimizer.beginStep(params);
+  for (Bucket& b : buckets_->buckets()) {
+    if (b.work) std::exchange(b.work, nullptr)->wait();
+    for (size_t i : b.params) optimizer.updateParameter(i, *params[i]);
+    b.storage.fill(0.0);
+  }
+}
+
+void DistributedDataParallel::zeroGrad() {
+  waitAll();
+  for (Bucket& b : buckets_->buckets()) {
+    b.storage.fill(0.0);
+    b.stale = false;
+  }
+}
+
+std::vector<std::pair<int64_t, int64_t>> DistributedDataParallel::bucketSizes() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const Bucket& b : buckets_->buckets()) {
+    out.emplace_back(static_cast<int64_t>(b.params.size()), static_cast<int64_t>(b.storage.nbytes()));
+  }
+  return out;
+}
+
+void DistributedDataParallel::checkModelUnchanged(const char* operation) const {
+  if (model_->parameters().size() != buckets_->parameterCount() || model_->architectureFingerprint() != fingerprint_) {
+    throw InvalidArgument(makeString("DistributedDataParallel.", operation, ": the model changed after it was wrapped "
+                                     "(layers added?); build the whole model first, then wrap it"));
+  }
+}
+
+std::vector<std::string> DistributedDataParallel::parameterNames() const {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < model_->size(); ++i) {
+    for (nn::Parameter* p : model_->at(i)->parameters()) names.push_back(makeString(i, ".", p->name));
+  }
+  return names;
+}
+
+void DistributedDataParallel::compareAcrossRanks() {
+  std::vector<nn::Parameter*> params = model_->parameters();
+  const size_t n = params.size();
+  std::vector<double> mine;
+  for (nn::Parameter* p : params) mine.push_back(checksum(p->grad));
+  for (nn::Parameter* p : params) mine.push_back(checksum(p->value));
+  std::vector<double> all = allGatherDoubles(*backend_, mine);
+  std::vector<std::string> names = parameterNames();
+  for (size_t k = 0; k < 2 * n; ++k) {
+    const bool isGrad = k < n;
+    const std::string& name = names[k % n];
+    for (int r = 1; r < worldSize(); ++r) {
+      double here = all[r * 2 * n + k], first = all[k];
+      if (sameBits(here, first)) continue;
+      std::string key = (isGrad ? "g:" : "p:") + name;
+      if (warned_.insert(key).second) {
+        logWarning(makeString(
+            isGrad ? "Gradients differ across ranks" : "Parameters differ across ranks", ": parameter ", name,
+            " has checksum ", first, " on rank 0 but ", here, " on rank ", r,
+            isGrad ? ". The replicas will drift apart. Change gradients (clipping, scaling) identically on every rank, "
+                     "and between backward and update_parameters only through DDP"
+                   : ". Keep DDPConfig.broadcast_parameters=True, build the same model on every rank and seed every "
+                     "rank alike (cx.manual_seed)"));
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace cyxwiz::ddp

@@ -1,0 +1,83 @@
+// DistributedDataParallel: one model replica per rank, gradients averaged across ranks every step.
+//
+//   forward            the model's forward
+//   backward           the model's backward; as each layer's gradients land in their bucket, a
+//                      bucket whose layers are all done has its all-reduce (AVG) queued on the
+//                      communication thread, overlapping the rest of backward
+//   syncGradients      waits for those all-reduces (reducing anything accumulated under no_sync)
+//   updateParameters   the optimizer step, bucket by bucket as each all-reduce lands (the step of
+//                      the first buckets overlaps the reduction of the last), then zeroes the gradients
+//
+// Construction is collective: the ranks compare architecture fingerprints (a different model on one
+// rank is an error on every rank) and, with broadcastParameters, take rank 0's parameters.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cyxwiz/comm/backend.h"
+#include "cyxwiz/ddp/buckets.h"
+#include "cyxwiz/nn/optimizer.h"
+#include "cyxwiz/nn/sequential.h"
+
+namespace cyxwiz::ddp {
+
+struct DDPConfig {
+  bool broadcastParameters = true;
+  double bucketSizeMb = 25.0;
+  bool findUnusedParameters = false;  // accepted for PyTorch parity; every layer gets a gradient here
+  bool checkGradients = false;        // also on with CYXWIZ_DDP_CHECK_GRADIENTS=1
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<nn::SequentialModel> model, const DDPConfig& config = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  Tensor forward(const Tensor& input);
+  Tensor backward(const Tensor& gradOutput, bool needInputGrad = false);
+  void syncGradients();
+  void updateParameters(nn::Optimizer& optimizer);
+  void zeroGrad();
+
+  // False inside no_sync(): backward only accumulates locally.
+  void setRequireSync(bool require) { requireSync_ = require; }
+  bool requireSync() const { return requireSync_; }
+
+  // (parameter count, bytes) per bucket, in reduction order.
+  std::vector<std::pair<int64_t, int64_t>> bucketSizes() const;
+  std::vector<nn::Parameter*> parameters() const { return model_->parameters(); }
+  const std::shared_ptr<nn::SequentialModel>& model() const { return model_; }
+  const std::shared_ptr<comm::Backend>& backend() const { return backend_; }
+  int rank() const { return backend_->rank(); }
+  int worldSize() const { return backend_->worldSize(); }
+  bool isMaster() const { return rank() == 0; }
+  const DDPConfig& config() const { return config_; }
+
+ private:
+  void checkSameArchitecture();
+  void broadcastParameters();
+  void onGradsReady(const nn::Module& module);
+  void launch(Bucket& bucket);
+  void launchStale();
+  void waitAll();
+  void checkModelUnchanged(const char* operation) const;
+  // check_gradients: compares per-parameter checksums of gradients and parameters across ranks.
+  void compareAcrossRanks();
+  std::vector<std::string> parameterNames() const;
+
+  std::shared_ptr<nn::SequentialModel> model_;
+  DDPConfig config_;
+  std::shared_ptr<comm::Backend> backend_;
+  std::unique_ptr<GradientBuckets> buckets_;
+  std::string fingerprint_;
+  bool requireSync_ = true;
+  bool inBackward_ = false;  // hooks launch all-reduces only during our own backward
+  std::set<std::string> warned_;
+};
+
+}  // namespace cyxwiz::ddp
