@@ -35,6 +35,15 @@ struct NoSync {
 int defaultReplicas() { return comm::isInitialized() ? comm::currentConfig("DistributedSampler").worldSize : 1; }
 int defaultRank() { return comm::isInitialized() ? comm::currentConfig("DistributedSampler").rank : 0; }
 
+// Python's iterator protocol wants StopIteration at the end of a pass.
+std::vector<int64_t> nextBatch(DistributedBatchIterator& it) {
+  if (!it.hasNext()) {
+    throw py::stop_iteration("DistributedBatchIterator: this epoch's batches are all taken; call reset(epoch) or "
+                             "sampler.set_epoch(epoch) to start the next epoch");
+  }
+  return it.next();
+}
+
 }  // namespace
 
 void init_ddp(py::module_& d) {
@@ -146,13 +155,10 @@ starts with reset(epoch), or by itself after sampler.set_epoch(epoch).)doc")
       .def(py::init<std::shared_ptr<DistributedSampler>, int64_t, bool>(), py::arg("sampler"), py::arg("batch_size"),
            py::arg("drop_last") = false)
       .def("has_next", &DistributedBatchIterator::hasNext)
-      .def("next", &DistributedBatchIterator::next, "The next batch of indices (a list).")
+      .def("next", &nextBatch, "The next batch of indices (a list); StopIteration when the pass is over.")
       .def("reset", &DistributedBatchIterator::reset, py::arg("epoch") = py::none())
       .def("num_batches", &DistributedBatchIterator::numBatches)
       .def("__len__", &DistributedBatchIterator::numBatches)
       .def("__iter__", [](py::object self) { return self; })
-      .def("__next__", [](DistributedBatchIterator& self) {
-        if (!self.hasNext()) throw py::stop_iteration();
-        return self.next();
-      });
+      .def("__next__", &nextBatch);
 }

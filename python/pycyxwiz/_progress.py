@@ -1,5 +1,8 @@
 """Rank 0's training progress: a live bar on a terminal, plain lines in a log file or pipe.
 
+Batch lines show rank 0's running loss and accuracy (no collective per batch); the epoch line shows
+the values reduced over all ranks, which is what the history records.
+
 DistributedTrainer.fit (C++) reports events; this module only renders them.
 """
 
@@ -69,5 +72,5 @@ class ProgressPrinter:
                     f"{_metrics(event.loss, event.accuracy, event.has_accuracy)}")
             if event.has_validation:
                 line += " - " + _metrics(event.val_loss, event.val_accuracy, event.has_accuracy, "val_")
-            line += f" - {event.samples_per_second:,.0f} samples/s - {event.seconds:.2f}s"
+            line += f" - {event.samples_per_second:,.0f} samples/s - {event.seconds:.3g}s"
             self._write(line + "\n")
