@@ -118,6 +118,9 @@ all-reduce runs in the background.)doc")
       .def("gradients", &gradientViews, "Gradient views into the buckets, parameters() order.")
       .def("bucket_sizes", &DistributedDataParallel::bucketSizes,
            "[(parameter count, bytes)] per bucket, in reduction order (last layers first).")
+      .def_property_readonly("overlap", &DistributedDataParallel::overlap,
+                             "True when bucket all-reduces overlap backward (a spare core per local rank, or "
+                             "CYXWIZ_DDP_OVERLAP=1); else they run at sync time.")
       .def("is_master", &DistributedDataParallel::isMaster)
       .def("get_rank", &DistributedDataParallel::rank)
       .def("get_world_size", &DistributedDataParallel::worldSize)

@@ -197,16 +197,22 @@ finish(digest=digest(ddp.parameters()))
 '''
 
 
-@pytest.mark.parametrize("world_size,kind,bucket_mb", [
-    (1, "sgd", None), (2, "sgd", None), (4, "sgd", None),
-    (1, "adam", None), (2, "adam", None), (4, "adam", None),
-    (2, "adam", "0.0001"),   # ~100-byte buckets: several all-reduces per step
-    (4, "sgd", "0.0001"),
-    (2, "sgd", "100"),       # one big bucket
+# overlap: CYXWIZ_DDP_OVERLAP ("" = the machine's policy: on with a spare core per rank, else off).
+# Both paths run everywhere: bucket all-reduces during backward on the communication thread ("1"),
+# and all of them at sync time on the caller's thread ("0").
+@pytest.mark.parametrize("world_size,kind,bucket_mb,overlap", [
+    (1, "sgd", None, ""), (2, "sgd", None, ""), (4, "sgd", None, ""),
+    (1, "adam", None, ""), (2, "adam", None, ""), (4, "adam", None, ""),
+    (2, "adam", "0.0001", "1"),   # ~100-byte buckets: several all-reduces per step
+    (4, "sgd", "0.0001", "1"),
+    (4, "adam", None, "1"),
+    (2, "adam", "0.0001", "0"),
+    (4, "sgd", None, "0"),
+    (2, "sgd", "100", ""),        # one big bucket
 ])
-def test_equivalence_with_single_process(ranks, world_size, kind, bucket_mb):
+def test_equivalence_with_single_process(ranks, world_size, kind, bucket_mb, overlap):
     """world 1 x 64 rows, 2 x 32, 4 x 16 (rank r takes rows r*B..): same parameters as 1 x 64."""
-    env = {"TEST_OPT": kind}
+    env = {"TEST_OPT": kind, "CYXWIZ_DDP_OVERLAP": overlap or "<unset>"}
     if bucket_mb:
         env["TEST_BUCKET_MB"] = bucket_mb
     results = ranks.run(EQUIVALENCE, world_size, env=env, timeout=45)
@@ -338,12 +344,14 @@ finish(digest=digest(ddp.parameters()))
 '''
 
 
+@pytest.mark.parametrize("overlap", ["1", "0"])
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 @pytest.mark.parametrize("mode", ["guide", "no_sync"])
-def test_gradient_accumulation_equals_one_large_batch(ranks, mode, kind):
+def test_gradient_accumulation_equals_one_large_batch(ranks, mode, kind, overlap):
     """The guide's loop (every backward synced, loss / accumulation_steps), and no_sync() for the
     first 3 of 4 micro-batches: both must equal one step on the 4x larger batch."""
-    results = ranks.run(ACCUMULATION, 2, env={"TEST_MODE": mode, "TEST_OPT": kind}, timeout=45)
+    results = ranks.run(ACCUMULATION, 2, env={"TEST_MODE": mode, "TEST_OPT": kind, "CYXWIZ_DDP_OVERLAP": overlap},
+                        timeout=45)
     reports = reports_of(ranks, results, 2)
     assert_same_digest(reports)
 

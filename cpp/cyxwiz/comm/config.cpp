@@ -178,4 +178,10 @@ std::string DistributedConfig::describe() const {
                     ", from ", source, secret.empty() ? "" : ", with a shared secret");
 }
 
+int ranksOnThisHost(int worldSize) {
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  long n = local ? std::atol(local) : 0;
+  return n > 0 && n <= worldSize ? static_cast<int>(n) : worldSize;
+}
+
 }  // namespace cyxwiz::comm

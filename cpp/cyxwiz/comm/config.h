@@ -46,6 +46,10 @@ struct DistributedConfig {
   std::string describe() const;  // "rank 1/4 (local 1), master 127.0.0.1:29500, cpu, timeout 30000 ms"
 };
 
+// Ranks of the job on this machine: LOCAL_WORLD_SIZE (torchrun, our launcher), else the whole world
+// (an upper bound). Policies that share the machine's cores (spinning, overlap) start from it.
+int ranksOnThisHost(int worldSize);
+
 // First host of a Slurm node list: "gpu[03-05,9],cpu1" -> "gpu03". Empty for an empty list.
 std::string firstSlurmHost(const std::string& nodeList);
 

@@ -13,16 +13,20 @@ GradientBuckets::GradientBuckets(nn::SequentialModel& model, size_t capBytes, si
   }
   parameterCount_ = params.size();
 
-  // Assign in reverse order; a bucket closes once it reaches its cap.
+  // Assign in reverse order. A parameter that would take its bucket past the cap starts a new one,
+  // so a small last layer is not held back until a large layer before it is done; a parameter
+  // larger than the cap gets a bucket of its own.
   std::vector<std::vector<size_t>> groups;
   size_t bytes = 0;
   for (size_t i = params.size(); i-- > 0;) {
-    if (groups.empty() || bytes >= (groups.size() == 1 ? firstCapBytes : capBytes)) {
+    const size_t size = params[i].second->value.nbytes();
+    const size_t cap = groups.size() <= 1 ? firstCapBytes : capBytes;
+    if (groups.empty() || (bytes > 0 && bytes + size > cap)) {
       groups.emplace_back();
       bytes = 0;
     }
     groups.back().push_back(i);
-    bytes += params[i].second->value.nbytes();
+    bytes += size;
   }
 
   for (const auto& group : groups) {

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "cyxwiz/comm/process_group.h"
@@ -30,6 +31,12 @@ double checksum(const Tensor& t) {
 
 bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
+bool overlapPolicy(int worldSize) {
+  if (const char* v = std::getenv("CYXWIZ_DDP_OVERLAP"); v && *v) return envFlag("CYXWIZ_DDP_OVERLAP");
+  const long cores = static_cast<long>(std::thread::hardware_concurrency());
+  return 2L * comm::ranksOnThisHost(worldSize) <= cores;
+}
+
 }  // namespace
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialModel> model, const DDPConfig& config)
@@ -43,6 +50,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
             "gradient in every backward");
   }
   fingerprint_ = model_->architectureFingerprint();
+  overlap_ = overlapPolicy(worldSize());
   if (worldSize() > 1) {
     checkSameArchitecture();
     if (config.broadcastParameters) broadcastParameters();
@@ -51,6 +59,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   buckets_ = std::make_unique<GradientBuckets>(*model_, std::max<size_t>(cap, 1), std::min(cap, kFirstBucketCap));
   for (const auto& m : model_->modules()) {
     m->setGradReadyHook([this](nn::Module& module) { onGradsReady(module); });
+  }
+  if (worldSize() > 1) {
+    logInfo(makeString("DistributedDataParallel: ", buckets_->buckets().size(), " gradient buckets; all-reduce ",
+                       overlap_ ? "overlapped with backward" : "at sync time (fewer than 2 cores per local rank)"));
   }
 }
 
@@ -103,7 +115,7 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
 Tensor DistributedDataParallel::backward(const Tensor& gradOutput, bool needInputGrad) {
   checkModelUnchanged("backward");
   waitAll();  // the last backward's all-reduces write into the buckets this one adds to
-  const bool reduce = requireSync_ && worldSize() > 1;
+  const bool reduce = requireSync_ && worldSize() > 1 && overlap_;
   auto& buckets = buckets_->buckets();
   for (Bucket& b : buckets) b.pending = b.layers;
   inBackward_ = reduce;
@@ -134,7 +146,7 @@ void DistributedDataParallel::onGradsReady(const nn::Module& module) {
 }
 
 void DistributedDataParallel::launch(Bucket& bucket) {
-  bucket.work = backend_->allReduce(bucket.storage, comm::ReduceOp::Avg, true);
+  bucket.work = backend_->allReduce(bucket.storage, comm::ReduceOp::Avg, overlap_);
   bucket.stale = false;
 }
 
@@ -189,7 +201,7 @@ std::vector<std::pair<int64_t, int64_t>> DistributedDataParallel::bucketSizes() 
 }
 
 void DistributedDataParallel::checkModelUnchanged(const char* operation) const {
-  if (model_->parameters().size() != buckets_->parameterCount() || model_->architectureFingerprint() != fingerprint_) {
+  if (model_->parameters().size() != buckets_->parameterCount()) {
     throw InvalidArgument(makeString("DistributedDataParallel.", operation, ": the model changed after it was wrapped "
                                      "(layers added?); build the whole model first, then wrap it"));
   }

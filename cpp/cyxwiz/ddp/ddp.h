@@ -8,6 +8,10 @@
 //   updateParameters   the optimizer step, bucket by bucket as each all-reduce lands (the step of
 //                      the first buckets overlaps the reduction of the last), then zeroes the gradients
 //
+// Overlap needs a spare core per rank for the communication thread: with fewer (more ranks than half
+// the cores on this machine) it only takes time from the other ranks' computation, so the buckets
+// are reduced on the caller's thread at sync time instead. CYXWIZ_DDP_OVERLAP=1/0 forces either.
+//
 // Construction is collective: the ranks compare architecture fingerprints (a different model on one
 // rank is an error on every rank) and, with broadcastParameters, take rank 0's parameters.
 #pragma once
@@ -57,12 +61,14 @@ class DistributedDataParallel {
   int worldSize() const { return backend_->worldSize(); }
   bool isMaster() const { return rank() == 0; }
   const DDPConfig& config() const { return config_; }
+  // Whether bucket all-reduces run on the communication thread during backward (see overlapPolicy).
+  bool overlap() const { return overlap_; }
 
  private:
   void checkSameArchitecture();
   void broadcastParameters();
   void onGradsReady(const nn::Module& module);
-  void launch(Bucket& bucket);
+  void launch(Bucket& bucket);  // async when overlapping, else on the caller's thread
   void launchStale();
   void waitAll();
   void checkModelUnchanged(const char* operation) const;
@@ -75,6 +81,7 @@ class DistributedDataParallel {
   std::shared_ptr<comm::Backend> backend_;
   std::unique_ptr<GradientBuckets> buckets_;
   std::string fingerprint_;
+  bool overlap_ = true;
   bool requireSync_ = true;
   bool inBackward_ = false;  // hooks launch all-reduces only during our own backward
   std::set<std::string> warned_;

@@ -61,8 +61,7 @@ namespace {
 // a core for every local rank (a sleeping rank wakes 20-100 us late on a busy host), else 0.
 std::chrono::microseconds spinBudget(int worldSize) {
   if (const char* v = std::getenv("CYXWIZ_SPIN_US")) return std::chrono::microseconds(std::atoll(v));
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  long ranksHere = local ? std::atol(local) : worldSize;
+  long ranksHere = ranksOnThisHost(worldSize);
   long cores = static_cast<long>(std::thread::hardware_concurrency());
   return std::chrono::microseconds(ranksHere > 0 && ranksHere <= cores ? 2000 : 0);
 }
