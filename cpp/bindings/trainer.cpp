@@ -47,7 +47,16 @@ void init_trainer(py::module_& d) {
       .def_readwrite("validation_split", &TrainingConfig::validationSplit,
                      "Hold out this last fraction of the rows for validation (default 0.0).")
       .def_readwrite("resume_from_checkpoint", &TrainingConfig::resumeFromCheckpoint,
-                     "'' (default), 'latest' (newest checkpoint in checkpoint_dir, if any) or a checkpoint path.");
+                     "'' (default), 'latest' (newest checkpoint in checkpoint_dir, if any) or a checkpoint path.")
+      .def("__repr__", [](const TrainingConfig& c) {
+        auto flag = [](bool b) { return b ? "True" : "False"; };
+        return makeString("DistributedTrainingConfig(epochs=", c.epochs, ", batch_size=", c.batchSize, ", shuffle=",
+                          flag(c.shuffle), ", seed=", c.seed, ", drop_last=", flag(c.dropLast), ", verbose=",
+                          flag(c.verbose), ", log_every_n_batches=", c.logEveryNBatches, ", checkpoint_every_n_epochs=",
+                          c.checkpointEveryNEpochs, ", checkpoint_dir='", c.checkpointDir, "', save_on_master_only=",
+                          flag(c.saveOnMasterOnly), ", validation_split=", c.validationSplit,
+                          ", resume_from_checkpoint='", c.resumeFromCheckpoint, "')");
+      });
 
   py::class_<TrainingHistory>(d, "DistributedTrainingHistory", "What fit() reports; identical on every rank.")
       .def(py::init<>())

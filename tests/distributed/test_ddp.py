@@ -429,8 +429,10 @@ for name, make, mb in (("small_default", build, None), ("small_tiny", build, 0.0
     if mb is not None:
         cfg.bucket_size_mb = mb
     ddp = D.DistributedDataParallel(m, cfg)
+    layers = [[int(p.nbytes) for p in m[i].parameters()] for i in range(len(m))]
     out[name] = {"mb": cfg.bucket_size_mb, "buckets": [list(map(int, b)) for b in ddp.bucket_sizes()],
-                 "param_bytes": [int(p.nbytes) for p in m.parameters()], "num_parameters": m.num_parameters()}
+                 "param_bytes": [int(p.nbytes) for p in m.parameters()], "num_parameters": m.num_parameters(),
+                 "layers": [layer for layer in layers if layer]}
 finish(out=out)
 '''
 
@@ -438,29 +440,31 @@ MIB = 1 << 20
 
 
 def check_buckets(name, info):
+    """Buckets cut the layers, last first: a layer's parameters share one bucket (they are ready
+    together); a bucket stays within its cap (the first: min(cap, 1 MiB)) unless it is one layer."""
     buckets, pbytes = info["buckets"], info["param_bytes"]
     assert buckets, f"{name}: no buckets"
     assert all(len(b) == 2 and b[0] > 0 and b[1] > 0 for b in buckets), f"{name}: {buckets}"
-    counts = [b[0] for b in buckets]
     sizes = [b[1] for b in buckets]
     assert sum(sizes) == 4 * info["num_parameters"] == sum(pbytes), f"{name}: bytes {sizes} for {pbytes}"
-    if sum(counts) == len(pbytes):
-        # counts are parameter tensors: the buckets cut the parameters, last first, in order
-        rev = list(reversed(pbytes))
-        pos = 0
-        for k, (c, s) in enumerate(buckets):
-            members = rev[pos:pos + c]
-            pos += c
-            assert s == sum(members), f"{name}: bucket {k} holds {s} bytes, its {c} parameters {sum(members)}: {buckets}"
-            cap = info["mb"] * MIB
-            if k == 0:
-                cap = min(cap, MIB)
-            # a bucket closes once it reaches its cap: it overshoots by at most one parameter
-            assert s < cap + max(members), f"{name}: bucket {k} ({s} bytes) ignores the cap of {cap:.0f}: {buckets}"
-    else:
-        assert sum(counts) == info["num_parameters"], (
-            f"{name}: bucket counts {counts} add up to neither {len(pbytes)} parameters nor {info['num_parameters']} values")
-        assert all(s == 4 * c for c, s in buckets), f"{name}: {buckets}"
+    assert sum(b[0] for b in buckets) == len(pbytes), f"{name}: counts {buckets} vs {len(pbytes)} parameters"
+    layers = list(reversed(info["layers"]))
+    pos = 0
+    for k, (count, size) in enumerate(buckets):
+        members, taken = [], 0
+        while taken < count:
+            assert pos < len(layers), f"{name}: bucket {k} runs past the last layer: {buckets}"
+            members.append(layers[pos])
+            taken += len(layers[pos])
+            pos += 1
+        assert taken == count, f"{name}: bucket {k} splits a layer's parameters: {buckets}, layers {info['layers']}"
+        assert size == sum(map(sum, members)), f"{name}: bucket {k} holds {size} bytes, its layers {members}"
+        cap = info["mb"] * MIB if k else min(info["mb"] * MIB, MIB)
+        assert size <= cap or len(members) == 1, f"{name}: bucket {k} ({size} bytes) exceeds {cap:.0f}: {buckets}"
+        if k + 1 < len(buckets):
+            nxt = sum(layers[pos])  # the bucket closed because the next layer would not fit
+            assert size + nxt > cap, f"{name}: bucket {k} closed early ({size} + {nxt} <= {cap:.0f}): {buckets}"
+    assert pos == len(layers), f"{name}: buckets {buckets} do not cover the layers {info['layers']}"
 
 
 def test_bucket_sizes(ranks):

@@ -449,3 +449,53 @@ def test_trainer_without_init_says_to_call_init(ranks):
     assert rep["cls"] is not None, "DistributedTrainer was created without cx.distributed.init()"
     assert rep["dist"], f"expected a DistError, got {rep['cls']}: {rep['msg']}"
     assert "init()" in rep["msg"], rep["msg"]
+
+
+# ------------------------------------------------------------------ ranks holding different datasets
+
+DIFFERENT_DATA = PRELUDE + r'''
+D.init()
+X, y = blobs(100 if RANK == 0 else 120, seed=0)
+trainer = D.DistributedTrainer(build(), cx.CrossEntropyLoss(), cx.SGDOptimizer(0.1))
+t0 = time.monotonic()
+try:
+    trainer.fit(X, y, config(epochs=1, batch_size=16))
+    dump("diff", cls=None)
+except Exception as e:
+    dump("diff", cls=type(e).__name__, msg=str(e), elapsed=time.monotonic() - t0)
+'''
+
+
+def test_different_datasets_on_the_ranks_fail_clearly_everywhere(ranks):
+    """fit shards by row number: a rank with other rows must be a clear error on every rank, not a
+    collective mismatch deep inside the first epoch, and not a hang."""
+    run(ranks, DIFFERENT_DATA, 2)
+    for r, rep in enumerate(outputs(ranks, "diff", 2)):
+        assert rep["cls"] == "ValueError", f"rank {r}: {rep}"
+        assert "rank 0: 100 rows" in rep["msg"] and "rank 1: 120 rows" in rep["msg"], rep["msg"]
+        assert rep["elapsed"] < 10, rep
+
+
+# ------------------------------------------------------------------ a checkpoint that cannot be written
+
+UNWRITABLE = PRELUDE + r'''
+D.init()
+X, y = blobs(64, seed=0)
+blocker = HERE / "not_a_dir"
+blocker.write_text("a file where the checkpoint directory should be")
+trainer = D.DistributedTrainer(build(), cx.CrossEntropyLoss(), cx.SGDOptimizer(0.1))
+try:
+    trainer.fit(X, y, config(epochs=1, batch_size=16, checkpoint_every_n_epochs=1,
+                             checkpoint_dir=str(blocker / "sub")))
+    dump("unwritable", cls=None)
+except Exception as e:
+    dump("unwritable", cls=type(e).__name__, errno=getattr(e, "errno", None), msg=str(e))
+'''
+
+
+def test_unwritable_checkpoint_dir_raises_oserror_on_every_rank(ranks):
+    run(ranks, UNWRITABLE, 2)
+    for r, rep in enumerate(outputs(ranks, "unwritable", 2)):
+        assert rep["cls"] in ("NotADirectoryError", "FileExistsError", "OSError"), f"rank {r}: {rep}"
+        assert rep["errno"], f"rank {r}: the OSError carries no errno: {rep}"
+        assert "rank 0 could not write" in rep["msg"] and "not_a_dir" in rep["msg"], rep["msg"]

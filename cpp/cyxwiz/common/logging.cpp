@@ -18,10 +18,11 @@ int gWorld = 0;
 
 LogLevel thresholdFromEnvironment() {
   const char* v = std::getenv("CYXWIZ_LOG_LEVEL");
-  if (v == nullptr) return LogLevel::Warning;
+  if (v == nullptr) return LogLevel::Notice;
   if (std::strcmp(v, "debug") == 0 || std::strcmp(v, "DEBUG") == 0) return LogLevel::Debug;
   if (std::strcmp(v, "info") == 0 || std::strcmp(v, "INFO") == 0) return LogLevel::Info;
-  return LogLevel::Warning;
+  if (std::strcmp(v, "warning") == 0 || std::strcmp(v, "WARNING") == 0) return LogLevel::Warning;
+  return LogLevel::Notice;
 }
 
 }  // namespace
@@ -43,7 +44,7 @@ std::string rankPrefix() {
 void log(LogLevel level, const std::string& message) {
   static const LogLevel threshold = thresholdFromEnvironment();
   if (level < threshold) return;
-  const char* name = level == LogLevel::Warning ? "WARNING" : level == LogLevel::Info ? "INFO" : "DEBUG";
+  const char* name = level == LogLevel::Warning ? "WARNING" : level >= LogLevel::Info ? "INFO" : "DEBUG";
   std::lock_guard<std::mutex> lock(gMutex);
   if (gRank >= 0) {
     std::fprintf(stderr, "[pycyxwiz rank %d/%d] %s: %s\n", gRank, gWorld, name, message.c_str());

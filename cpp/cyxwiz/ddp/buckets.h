@@ -1,6 +1,6 @@
 // Gradient buckets: a model's parameter gradients regrouped into a few contiguous float32 buffers.
 //
-// Buckets fill in reverse layer order, the order backward produces gradients, so the first bucket is
+// Buckets fill in reverse layer order, a layer's parameters always in one bucket, the order backward produces gradients, so the first bucket is
 // complete first and its all-reduce starts while backward is still running. Each Parameter::grad is
 // rebound to a view into its bucket: layers accumulate straight into the buffer the collective
 // sends, and no gradient is ever copied. The first bucket is capped at 1 MiB (as PyTorch DDP does)
@@ -20,7 +20,7 @@ namespace cyxwiz::ddp {
 struct Bucket {
   Tensor storage;              // 1-D float32: the gradients of `params`, back to back
   std::vector<size_t> params;  // indices into model.parameters()
-  int layers = 0;              // modules with a parameter in this bucket
+  int layers = 0;              // modules whose parameters are in this bucket
   int pending = 0;             // of those, how many have not finished this backward
   std::shared_ptr<comm::Work> work;  // the all-reduce in flight, if any
   bool stale = false;          // holds local gradients no all-reduce has covered yet
@@ -32,7 +32,7 @@ class GradientBuckets {
 
   std::vector<Bucket>& buckets() { return buckets_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  // The buckets holding `module`'s parameters (empty for parameterless layers).
+  // The bucket holding `module`'s parameters (none for parameterless layers).
   const std::vector<size_t>& bucketsOf(const nn::Module* module) const;
   size_t parameterCount() const { return parameterCount_; }
 

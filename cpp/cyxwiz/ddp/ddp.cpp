@@ -46,10 +46,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   backend_ = comm::backend("DistributedDataParallel");
   config_.checkGradients = config.checkGradients || envFlag("CYXWIZ_DDP_CHECK_GRADIENTS");
   if (config.findUnusedParameters) {
-    logInfo("DDPConfig.find_unused_parameters=True has no effect: every layer of a SequentialModel receives a "
+    logNotice("DDPConfig.find_unused_parameters=True has no effect: every layer of a SequentialModel receives a "
             "gradient in every backward");
   }
   fingerprint_ = model_->architectureFingerprint();
+  moduleCount_ = model_->size();
   overlap_ = overlapPolicy(worldSize());
   if (worldSize() > 1) {
     checkSameArchitecture();
@@ -201,7 +202,7 @@ std::vector<std::pair<int64_t, int64_t>> DistributedDataParallel::bucketSizes() 
 }
 
 void DistributedDataParallel::checkModelUnchanged(const char* operation) const {
-  if (model_->parameters().size() != buckets_->parameterCount()) {
+  if (model_->size() != moduleCount_ || model_->parameters().size() != buckets_->parameterCount()) {
     throw InvalidArgument(makeString("DistributedDataParallel.", operation, ": the model changed after it was wrapped "
                                      "(layers added?); build the whole model first, then wrap it"));
   }

@@ -81,6 +81,7 @@ class DistributedDataParallel {
   std::shared_ptr<comm::Backend> backend_;
   std::unique_ptr<GradientBuckets> buckets_;
   std::string fingerprint_;
+  size_t moduleCount_ = 0;
   bool overlap_ = true;
   bool requireSync_ = true;
   bool inBackward_ = false;  // hooks launch all-reduces only during our own backward

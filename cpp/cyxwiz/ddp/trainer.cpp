@@ -1,6 +1,9 @@
 #include "cyxwiz/ddp/trainer.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 
@@ -87,14 +90,33 @@ TrainingHistory DistributedTrainer::fit(const Tensor& X, const Tensor& y, const 
   checkDataset(X, y, "DistributedTrainer.fit");
   checkDataset(Xval, yval, "DistributedTrainer.fit (validation data)");
   if (config.validationSplit > 0.0) {
-    logInfo("DistributedTrainer.fit: validation_split is ignored because validation data was given");
+    logNotice("DistributedTrainer.fit: validation_split is ignored because validation data was given");
   }
   return run(X, y, std::make_pair(Xval, yval), config);
+}
+
+void DistributedTrainer::checkSameData(const Tensor& X, const Tensor& y, const Tensor* Xval) {
+  // fit is collective and shards by row number: every rank must hold the same dataset shape.
+  std::vector<double> mine{double(X.size(0)), double(X.size(1)), double(y.dim() > 1 ? y.size(1) : 0),
+                           Xval ? double(Xval->size(0)) : -1.0};
+  std::vector<double> all = allGatherDoubles(*ddp_->backend(), mine);
+  for (int r = 1; r < worldSize(); ++r) {
+    if (std::equal(all.begin(), all.begin() + mine.size(), all.begin() + r * mine.size())) continue;
+    auto describe = [&](int k) {
+      const double* v = all.data() + k * mine.size();
+      return makeString("rank ", k, ": ", v[0], " rows x ", v[1], " features",
+                        v[3] >= 0 ? makeString(", ", v[3], " validation rows") : std::string());
+    };
+    std::string message = makeString(rankPrefix(), "DistributedTrainer.fit: the ranks hold different datasets (");
+    for (int k = 0; k < worldSize(); ++k) message += (k ? "; " : "") + describe(k);
+    throw InvalidArgument(message + "). Give every rank the same X and y: fit splits the rows between the ranks itself");
+  }
 }
 
 TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
                                         std::optional<std::pair<Tensor, Tensor>> validation,
                                         const TrainingConfig& config) {
+  checkSameData(X, y, validation ? &validation->first : nullptr);
   // A fit starts at epoch 1 unless a checkpoint was loaded for it (load_checkpoint or resume).
   if (!config.resumeFromCheckpoint.empty()) resume(config);
   if (!loaded_) {
@@ -253,22 +275,29 @@ void DistributedTrainer::writeCheckpoint(const std::string& path, bool everyRank
   state.optimizer = optimizer_->state();
   state.rngStates = allGatherStrings(backend, generatorState());
   state.history = done_;
+  // "<errno> <message>" when this rank's write failed, "" when it worked or was not this rank's to do.
   std::string error;
   if (everyRankWrites || isMaster()) {
     try {
       std::filesystem::path parent = std::filesystem::path(path).parent_path();
       if (!parent.empty()) std::filesystem::create_directories(parent);
       writeContainer(path, kCheckpointFileKind, encodeCheckpoint(*model_, state));
+    } catch (const IoError& e) {
+      error = makeString(e.errnoValue(), " ", e.what());
+    } catch (const std::filesystem::filesystem_error& e) {
+      error = makeString(e.code().value(), " ", e.what());
     } catch (const std::exception& e) {
-      error = e.what();
+      error = makeString(EIO, " ", e.what());
     }
   }
   // Doubles as the barrier after the save: no rank goes on before the file is complete.
   std::vector<std::string> errors = allGatherStrings(backend, error);
   for (size_t r = 0; r < errors.size(); ++r) {
     if (errors[r].empty()) continue;
-    throw IoError(makeString(rankPrefix(), "save_checkpoint: rank ", r, " could not write its checkpoint: ", errors[r]),
-                  0);
+    const size_t space = errors[r].find(' ');
+    throw IoError(makeString(rankPrefix(), "save_checkpoint: rank ", r, " could not write '", path, "': ",
+                             errors[r].substr(space + 1), "; check that checkpoint_dir is a writable directory"),
+                  std::atoi(errors[r].c_str()));
   }
 }
 
@@ -298,8 +327,8 @@ void DistributedTrainer::loadCheckpoint(const std::string& path) {
   message.erase(message.begin());
 
   TrainingState state = decodeCheckpoint(message, makeString(kCheckpointFileKind.name, " file '", path, "'"), *model_);
-  CYX_CHECK(state.optimizerType == optimizer_->typeName(), "load_checkpoint: '", path, "' holds the state of a ",
-            state.optimizerType, " but this trainer uses a ", optimizer_->typeName(), "; use the same optimizer type");
+  CYX_CHECK(state.optimizerType == optimizer_->typeName(), "load_checkpoint: '", path, "' holds optimizer state of type ",
+            state.optimizerType, " but this trainer's optimizer is ", optimizer_->typeName(), "; use the same optimizer type");
   optimizer_->loadState(state.optimizer);
   epochsDone_ = state.epoch;
   done_ = state.history;
