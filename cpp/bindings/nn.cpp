@@ -101,10 +101,13 @@ gradients (call ``zero_grad`` between steps, or don't, to accumulate).
         return toNumpy(out);
       }, py::arg("grad_output"), py::arg("input_grad") = false,
          "Accumulates parameter gradients. Returns the gradient w.r.t. the model input when input_grad=True, else None.")
-      .def("zero_grad", &SequentialModel::zeroGrad)
+      .def("zero_grad", &SequentialModel::zeroGrad, py::call_guard<py::gil_scoped_release>())
       .def("parameters", [](const SequentialModel& self) { return valueViews(self.parameters()); },
            (std::string("Weights then bias, layer by layer.") + kViewsNote).c_str())
-      .def("gradients", [](const SequentialModel& self) { return gradViews(self.parameters()); },
+      .def("gradients", [](const SequentialModel& self) {
+        { py::gil_scoped_release release; self.guardGradients(SequentialModel::GradientUse::Read); }
+        return gradViews(self.parameters());
+      },
            (std::string("Gradients, in parameters() order.") + kViewsNote).c_str())
       .def("named_parameters", [](const SequentialModel& self) {
         py::list out;

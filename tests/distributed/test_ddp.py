@@ -622,3 +622,43 @@ def test_dead_peer_raises_dist_error(ranks, where):
         allowed = (2, 3) if where == "before_step" else (2, 3, 4)
         assert rec["step"] in allowed, f"rank {r.rank}: the error came at step {rec['step']}, the peer died at step 3"
         assert rec["elapsed"] is not None and rec["elapsed"] < 15, f"rank {r.rank}: {rec}"
+
+
+# --- optimizer.step(model) on a wrapped model -------------------------------------------------------
+
+DIRECT_STEP = PRELUDE + r'''
+D.init()
+model = build(0)
+ddp = D.DistributedDataParallel(model)
+opt = make_opt("sgd")
+refused = []
+for step in range(3):
+    X, y = batch(step, 16 * WS)
+    out = ddp.forward(shard(X, 16))
+    ddp.backward(LOSS.backward(out, shard(y, 16)))
+    try:
+        opt.step(model)            # not ddp.update_parameters: must never step on unaveraged gradients
+        model.zero_grad()
+    except ValueError as e:
+        refused.append(str(e))
+        ddp.update_parameters(opt)
+expect(ddp.overlap == (os.environ["CYXWIZ_DDP_OVERLAP"] == "1"), f"overlap is {ddp.overlap}")
+check_params("optimizer.step(model) after ddp.backward", ddp.parameters(), oracle("sgd", 3, 16 * WS))
+finish(refused=refused, digest=digest(ddp.parameters()))
+'''
+
+
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_optimizer_step_on_the_wrapped_model_never_uses_unaveraged_gradients(ranks, overlap):
+    """With overlap, optimizer.step(model) waits for the in-flight all-reduces (as torch's backward
+    does) and gives update_parameters' result; without, the gradients are still local after backward
+    and the step is refused with an error that names the remedy."""
+    results = ranks.run(DIRECT_STEP, 2, env={"CYXWIZ_DDP_OVERLAP": overlap}, timeout=30)
+    reports = reports_of(ranks, results, 2)
+    assert_same_digest(reports)
+    for rep in reports:
+        if overlap == "1":
+            assert rep["refused"] == [], rep["refused"]
+        else:
+            assert len(rep["refused"]) == 3, rep
+            assert all("update_parameters" in m and "not averaged" in m for m in rep["refused"]), rep["refused"]

@@ -61,6 +61,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   for (const auto& m : model_->modules()) {
     m->setGradReadyHook([this](nn::Module& module) { onGradsReady(module); });
   }
+  model_->setGradientGuard([this](nn::SequentialModel::GradientUse use) { guardGradients(use); });
   if (worldSize() > 1) {
     logInfo(makeString("DistributedDataParallel: ", buckets_->buckets().size(), " gradient buckets; all-reduce ",
                        overlap_ ? "overlapped with backward" : "at sync time (fewer than 2 cores per local rank)"));
@@ -69,6 +70,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
 
 DistributedDataParallel::~DistributedDataParallel() {
   for (const auto& m : model_->modules()) m->setGradReadyHook(nullptr);
+  model_->setGradientGuard(nullptr);
   try {
     waitAll();  // the communication thread must not write into buckets after they are gone
   } catch (...) {
@@ -160,6 +162,23 @@ void DistributedDataParallel::launchStale() {
 void DistributedDataParallel::waitAll() {
   for (Bucket& b : buckets_->buckets()) {
     if (b.work) std::exchange(b.work, nullptr)->wait();
+  }
+}
+
+void DistributedDataParallel::guardGradients(nn::SequentialModel::GradientUse use) {
+  using Use = nn::SequentialModel::GradientUse;
+  waitAll();  // the communication thread writes into the buckets until then
+  if (use == Use::Clear) {
+    for (Bucket& b : buckets_->buckets()) b.stale = false;  // nothing local is left to average
+  }
+  if (use != Use::Step) return;
+  for (const Bucket& b : buckets_->buckets()) {
+    if (b.stale) {
+      throw InvalidArgument(makeString(
+          rankPrefix(), "optimizer.step(model): this model's gradients are not averaged across ranks yet (it is "
+          "wrapped in DistributedDataParallel); call ddp.update_parameters(optimizer), or ddp.sync_gradients() "
+          "before optimizer.step(model)"));
+    }
   }
 }
 

@@ -72,6 +72,8 @@ class DistributedDataParallel {
   void launchStale();
   void waitAll();
   void checkModelUnchanged(const char* operation) const;
+  // The model's gradient guard: waits for in-flight all-reduces; refuses a step on stale gradients.
+  void guardGradients(nn::SequentialModel::GradientUse use);
   // check_gradients: compares per-parameter checksums of gradients and parameters across ranks.
   void compareAcrossRanks();
   std::vector<std::string> parameterNames() const;

@@ -35,6 +35,7 @@ void Optimizer::ensureState(const std::vector<Parameter*>& params) {
 }
 
 void Optimizer::step(SequentialModel& model) {
+  model.guardGradients(SequentialModel::GradientUse::Step);
   std::vector<Parameter*> params = model.parameters();
   beginStep(params);
   for (size_t i = 0; i < params.size(); ++i) updateParameter(i, *params[i]);

@@ -48,6 +48,7 @@ Tensor SequentialModel::backward(const Tensor& gradOutput, bool needInputGrad) {
 }
 
 void SequentialModel::zeroGrad() {
+  guardGradients(GradientUse::Clear);
   for (const auto& m : modules_) m->zeroGrad();
 }
 

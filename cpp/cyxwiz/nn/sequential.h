@@ -1,6 +1,7 @@
 // SequentialModel: modules applied in order; backward runs them in reverse.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,16 @@ class SequentialModel {
   // A string that changes when the architecture (types, attributes, parameter shapes) does.
   std::string architectureFingerprint() const;
 
+  // Called before the gradients are used from outside: read (gradients()), cleared (zero_grad) or
+  // stepped on (optimizer.step). DistributedDataParallel installs one that waits for its in-flight
+  // all-reduces and refuses a step on gradients not yet averaged across ranks.
+  enum class GradientUse { Read, Clear, Step };
+  using GradientGuard = std::function<void(GradientUse)>;
+  void setGradientGuard(GradientGuard guard) { gradientGuard_ = std::move(guard); }
+  void guardGradients(GradientUse use) const {
+    if (gradientGuard_) gradientGuard_(use);
+  }
+
   void save(const std::string& path) const;
   static std::shared_ptr<SequentialModel> load(const std::string& path);
 
@@ -43,6 +54,7 @@ class SequentialModel {
 
   std::vector<std::shared_ptr<Module>> modules_;
   bool training_ = true;
+  GradientGuard gradientGuard_;
 };
 
 }  // namespace cyxwiz::nn
