@@ -45,6 +45,7 @@ from .._core.distributed import (  # noqa: F401
 )
 from .._core.distributed import DistributedTrainer as _CoreTrainer
 from .._progress import ProgressPrinter as _ProgressPrinter
+from ._spawn import SpawnError, spawn  # noqa: F401
 
 
 class DistributedTrainer(_CoreTrainer):

@@ -171,3 +171,13 @@ class DistributedTrainer:
 
 def scale_learning_rate(base_lr: float, base_batch_size: int, rule: str = "linear",
                         batch_size: Optional[int] = None, world_size: Optional[int] = None) -> float: ...
+
+# --- starting the ranks from Python (python/pycyxwiz/distributed/_spawn.py) ------------------------
+
+class SpawnError(RuntimeError):
+    rank: Optional[int]        # the local rank that failed (None: a timeout)
+    exit_code: Optional[int]
+
+def spawn(fn: Callable[..., Any], args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: int = 1, node_rank: int = 0,
+          master_addr: Optional[str] = None, master_port: Optional[int] = None,
+          timeout: Optional[float] = None) -> list[Any]: ...
