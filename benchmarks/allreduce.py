@@ -91,8 +91,9 @@ PROBES = {
 }
 
 
-def probe(name):
-    rc, out, err = run_text([sys.executable, "-c", PROBES[name]])
+def probe(name, probes=None):
+    """Runs probes[name] (default: this module's PROBES) in a fresh interpreter; its JSON, or why not."""
+    rc, out, err = run_text([sys.executable, "-c", (probes or PROBES)[name]])
     if rc == 0:
         try:
             return json.loads(out.strip().splitlines()[-1])

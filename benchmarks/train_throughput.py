@@ -23,7 +23,6 @@ killed at its end. Exit status 1 when pycyxwiz was asked for and could not run o
 """
 
 import argparse
-import datetime
 import json
 import os
 import signal
@@ -35,7 +34,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from allreduce import Reader, free_port, kill_all, machine_info, md_table, run_text, tagged  # noqa: E402
+from allreduce import Reader, free_port, kill_all, machine_info, md_table, probe, tagged  # noqa: E402
 
 WORKER = os.path.join(HERE, "train_throughput_worker.py")
 MODELS = {"small": [784, 256, 10], "large": [784, 4096, 4096, 10]}
@@ -74,16 +73,6 @@ PROBES = {
               "print(json.dumps({'version': torch.__version__,\n"
               "                  'gloo': bool(d.is_available() and d.is_gloo_available())}))"),
 }
-
-
-def probe(name):
-    rc, out, err = run_text([sys.executable, "-c", PROBES[name]])
-    if rc == 0:
-        try:
-            return json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            pass
-    return {"error": (err.strip().splitlines() or [f"exit status {rc}, no output"])[-1]}
 
 
 def availability(ver, no_torch):
@@ -446,7 +435,8 @@ def main(argv=None):
     mach = machine_info()
     cpus = mach.get("cpus_usable") or mach.get("cpus") or 1
     log("probing the libraries ...")
-    ver = {"pycyxwiz": probe("pycyxwiz"), "torch": probe("torch") if not args.no_torch else {"error": "--no-torch"}}
+    ver = {"pycyxwiz": probe("pycyxwiz", PROBES),
+           "torch": probe("torch", PROBES) if not args.no_torch else {"error": "--no-torch"}}
     why, no_ddp = availability(ver, args.no_torch)
     fws = [f for f in args.frameworks if why[f] is None]
     tag = args.tag or ("quick" if args.quick else f"{cpus}core")
