@@ -24,8 +24,6 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
-from ..launch import FOREIGN_RANK_VARS, _free_port
-
 _GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL for the ranks that are still running
 
 
@@ -66,6 +64,9 @@ def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: in
     master_addr/master_port default to MASTER_ADDR/MASTER_PORT, then to 127.0.0.1 and a free port (one
     node); with several nodes, give every node the same master address and port, and its node_rank.
     """
+    # Imported here, not at the top: `python -m pycyxwiz.launch` must find the launcher not yet imported.
+    from ..launch import FOREIGN_RANK_VARS, _free_port
+
     if not callable(fn):
         raise TypeError(f"spawn: fn must be callable, got {type(fn).__name__}")
     if nprocs < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
