@@ -369,23 +369,28 @@ DIFFERENT_DATA = PRELUDE + r'''
 D.init()
 X, y = blobs(100 if RANK == 0 else 120, seed=0)
 trainer = D.DistributedTrainer(build(), cx.CrossEntropyLoss(), cx.SGDOptimizer(0.1))
-t0 = time.monotonic()
-try:
-    trainer.fit(X, y, config(epochs=1, batch_size=16))
-    dump("diff", cls=None)
-except Exception as e:
-    dump("diff", cls=type(e).__name__, msg=str(e), elapsed=time.monotonic() - t0)
+calls = {"fit": lambda: trainer.fit(X, y, config(epochs=1, batch_size=16)),
+         "evaluate": lambda: trainer.evaluate(X, y), "predict": lambda: trainer.predict(X)}
+for name, call in calls.items():
+    t0 = time.monotonic()
+    try:
+        call()
+        dump(name, cls=None)
+    except Exception as e:
+        dump(name, cls=type(e).__name__, msg=str(e), elapsed=time.monotonic() - t0)
 '''
 
 
 def test_different_datasets_on_the_ranks_fail_clearly_everywhere(ranks):
-    """fit shards by row number: a rank with other rows must be a clear error on every rank, not a
-    collective mismatch deep inside the first epoch, and not a hang."""
+    """fit, evaluate and predict split the rows by number: a rank with other rows must be a clear
+    error on every rank (not a silently wrong evaluation, not a collective mismatch), and not a hang."""
     run(ranks, DIFFERENT_DATA, 2)
-    for r, rep in enumerate(outputs(ranks, "diff", 2)):
-        assert rep["cls"] == "ValueError", f"rank {r}: {rep}"
-        assert "rank 0: 100 rows" in rep["msg"] and "rank 1: 120 rows" in rep["msg"], rep["msg"]
-        assert rep["elapsed"] < 10, rep
+    for name in ("fit", "evaluate", "predict"):
+        for r, rep in enumerate(outputs(ranks, name, 2)):
+            assert rep["cls"] == "ValueError", f"{name}, rank {r}: {rep}"
+            assert f"DistributedTrainer.{name}" in rep["msg"], rep["msg"]
+            assert "rank 0: 100 rows" in rep["msg"] and "rank 1: 120 rows" in rep["msg"], rep["msg"]
+            assert rep["elapsed"] < 10, rep
 
 
 # ------------------------------------------------------------------ a checkpoint that cannot be written

@@ -95,9 +95,10 @@ TrainingHistory DistributedTrainer::fit(const Tensor& X, const Tensor& y, const 
   return run(X, y, std::make_pair(Xval, yval), config);
 }
 
-void DistributedTrainer::checkSameData(const Tensor& X, const Tensor& y, const Tensor* Xval) {
-  // fit is collective and shards by row number: every rank must hold the same dataset shape.
-  std::vector<double> mine{double(X.size(0)), double(X.size(1)), double(y.dim() > 1 ? y.size(1) : 0),
+void DistributedTrainer::checkSameData(const char* who, const Tensor& X, const Tensor* y, const Tensor* Xval) {
+  // fit, evaluate and predict are collective and split the rows by number: every rank must hold
+  // the same data shape, or the ranks would silently disagree about which rows are whose.
+  std::vector<double> mine{double(X.size(0)), double(X.size(1)), y && y->dim() > 1 ? double(y->size(1)) : 0.0,
                            Xval ? double(Xval->size(0)) : -1.0};
   std::vector<double> all = allGatherDoubles(*ddp_->backend(), mine);
   for (int r = 1; r < worldSize(); ++r) {
@@ -107,16 +108,17 @@ void DistributedTrainer::checkSameData(const Tensor& X, const Tensor& y, const T
       return makeString("rank ", k, ": ", v[0], " rows x ", v[1], " features",
                         v[3] >= 0 ? makeString(", ", v[3], " validation rows") : std::string());
     };
-    std::string message = makeString(rankPrefix(), "DistributedTrainer.fit: the ranks hold different datasets (");
+    std::string message = makeString(rankPrefix(), "DistributedTrainer.", who, ": the ranks hold different data (");
     for (int k = 0; k < worldSize(); ++k) message += (k ? "; " : "") + describe(k);
-    throw InvalidArgument(message + "). Give every rank the same X and y: fit splits the rows between the ranks itself");
+    throw InvalidArgument(makeString(message, "). Give every rank the same arrays: ", who,
+                                     " splits the rows between the ranks itself"));
   }
 }
 
 TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
                                         std::optional<std::pair<Tensor, Tensor>> validation,
                                         const TrainingConfig& config) {
-  checkSameData(X, y, validation ? &validation->first : nullptr);
+  checkSameData("fit", X, &y, validation ? &validation->first : nullptr);
   // A fit starts at epoch 1 unless a checkpoint was loaded for it (load_checkpoint or resume).
   if (!config.resumeFromCheckpoint.empty()) resume(config);
   if (!loaded_) {
@@ -222,6 +224,7 @@ DistributedTrainer::Sums DistributedTrainer::localSums(const Tensor& output, con
 std::pair<double, double> DistributedTrainer::evaluate(const Tensor& X, const Tensor& y, int64_t batchSize) {
   checkDataset(X, y, "DistributedTrainer.evaluate");
   CYX_CHECK(batchSize > 0, "DistributedTrainer.evaluate: batch_size=", batchSize, " must be positive");
+  checkSameData("evaluate", X, &y, nullptr);
   EvalMode guard(*model_);
   std::vector<int64_t> mine = strideRows(X.size(0), rank(), worldSize());
   Sums sums;
@@ -243,6 +246,7 @@ Tensor DistributedTrainer::predict(const Tensor& X, int64_t batchSize) {
   CYX_CHECK(X.dim() == 2 && X.dtype() == DType::Float32, "DistributedTrainer.predict: X must be a 2-D float32 array, got ",
             dtypeName(X.dtype()), " ", shapeString(X.shape()));
   CYX_CHECK(batchSize > 0, "DistributedTrainer.predict: batch_size=", batchSize, " must be positive");
+  checkSameData("predict", X, nullptr, nullptr);
   EvalMode guard(*model_);
   int64_t features = X.size(1);
   for (const auto& m : model_->modules()) features = m->outFeatures(features);

@@ -79,8 +79,8 @@ class DistributedTrainer {
   };
   TrainingHistory run(const Tensor& X, const Tensor& y, std::optional<std::pair<Tensor, Tensor>> validation,
                       const TrainingConfig& config);
-  // Every rank must pass the same dataset shape; InvalidArgument on every rank otherwise.
-  void checkSameData(const Tensor& X, const Tensor& y, const Tensor* Xval);
+  // Every rank must pass the same data shape; InvalidArgument on every rank otherwise.
+  void checkSameData(const char* who, const Tensor& X, const Tensor* y, const Tensor* Xval);
   void trainEpoch(const Tensor& X, const Tensor& y, class DistributedBatchIterator& batches, int64_t epoch,
                   const TrainingConfig& config, Sums& sums);
   // Writes `path` on the writing ranks, then tells every rank whether every write worked.
