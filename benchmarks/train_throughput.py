@@ -96,6 +96,15 @@ def stage_budget(model, steps, warmup, world, cpus, override):
     return 30.0 + (steps + warmup) * STEP_BUDGET_S[model] * max(1.0, world / max(cpus, 1))
 
 
+def _nonblank_lines(path):
+    """A rank's stderr file, without blank lines ([] when it cannot be read)."""
+    try:
+        with open(path, errors="replace") as f:
+            return [ln.rstrip() for ln in f if ln.strip()]
+    except OSError:
+        return []
+
+
 def run_job(fw, model, world, modes, args, tmp, cpus):
     """`world` ranks of one framework training one model, the modes' rounds alternating. Returns
     {"ranks": {rank: TRAIN_RESULT}, "ready": TRAIN_READY of rank 0, "failure": str or None, "notes": [...]}."""
@@ -179,11 +188,7 @@ def run_job(fw, model, world, modes, args, tmp, cpus):
         detail = "; ".join(dict.fromkeys(out["errors"]))
         if not detail:
             for path in errs:
-                try:
-                    with open(path, errors="replace") as f:
-                        lines = [ln.rstrip() for ln in f if ln.strip()]
-                except OSError:
-                    lines = []
+                lines = _nonblank_lines(path)
                 if lines:
                     detail = " | ".join(lines[-6:])
                     break
@@ -191,11 +196,7 @@ def run_job(fw, model, world, modes, args, tmp, cpus):
             out["failure"] += f" -- {detail[:1500]}"
     else:
         for path in errs:  # warnings on a successful run are worth seeing
-            try:
-                with open(path, errors="replace") as f:
-                    lines = [ln.rstrip() for ln in f if ln.strip()]
-            except OSError:
-                lines = []
+            lines = _nonblank_lines(path)
             if lines:
                 out["notes"].append("stderr: " + " | ".join(lines[-4:])[:600])
                 break

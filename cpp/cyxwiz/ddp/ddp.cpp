@@ -222,7 +222,7 @@ std::vector<std::pair<int64_t, int64_t>> DistributedDataParallel::bucketSizes() 
 
 void DistributedDataParallel::checkModelUnchanged(const char* operation) const {
   if (model_->size() != moduleCount_ || model_->parameters().size() != buckets_->parameterCount()) {
-    throw InvalidArgument(makeString("DistributedDataParallel.", operation, ": the model changed after it was wrapped "
+    throw InvalidArgument(makeString(rankPrefix(), "DistributedDataParallel.", operation, ": the model changed after it was wrapped "
                                      "(layers added?); build the whole model first, then wrap it"));
   }
 }

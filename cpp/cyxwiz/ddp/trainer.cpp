@@ -331,7 +331,7 @@ void DistributedTrainer::loadCheckpoint(const std::string& path) {
   message.erase(message.begin());
 
   TrainingState state = decodeCheckpoint(message, makeString(kCheckpointFileKind.name, " file '", path, "'"), *model_);
-  CYX_CHECK(state.optimizerType == optimizer_->typeName(), "load_checkpoint: '", path, "' holds optimizer state of type ",
+  CYX_CHECK(state.optimizerType == optimizer_->typeName(), rankPrefix(), "load_checkpoint: '", path, "' holds optimizer state of type ",
             state.optimizerType, " but this trainer's optimizer is ", optimizer_->typeName(), "; use the same optimizer type");
   optimizer_->loadState(state.optimizer);
   epochsDone_ = state.epoch;
