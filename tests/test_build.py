@@ -34,7 +34,12 @@ def test_import_after_numpy_in_a_fresh_process():
     assert proc.stdout.strip() == "(1, 2)"
 
 
-def test_build_info_names_the_blas_and_the_missing_gpu_parts():
+def test_build_info_names_the_blas_and_the_gpu_parts():
     info = cx.build_info()
     assert "OpenBLAS" in info["blas"]
-    assert info["cuda"] is False and info["nccl"] is False
+    if info["cuda"]:
+        assert info["nccl"] is True and info["cuda_version"] and info["nccl_version"], info
+        assert info["cuda_architectures"], info
+    else:
+        assert info["nccl"] is False and info["cuda_version"] is None, info
+        assert info["cuda_note"].startswith("CPU-only build: "), info

@@ -89,14 +89,14 @@ all-reduce runs in the background.)doc")
         Tensor in = floatTensor(x, "DistributedDataParallel.forward");
         Tensor out;
         { py::gil_scoped_release release; out = self.forward(in); }
-        return toNumpy(out);
+        return cyxwiz::bindings::toPython(out);
       }, py::arg("input"))
       .def("__call__", [](py::object self, py::handle x) { return self.attr("forward")(x); }, py::arg("input"))
       .def("backward", [](DistributedDataParallel& self, py::handle g, bool inputGrad) {
         Tensor grad = floatTensor(g, "DistributedDataParallel.backward");
         Tensor out;
         { py::gil_scoped_release release; out = self.backward(grad, inputGrad); }
-        return toNumpy(out);
+        return cyxwiz::bindings::toPython(out);
       }, py::arg("grad_output"), py::arg("input_grad") = false,
          "Accumulate this batch's gradients; each bucket's all-reduce starts as soon as it is complete. Returns the "
          "gradient w.r.t. the model input when input_grad=True, else None.")

@@ -5,6 +5,8 @@
 
 namespace py = pybind11;
 
+void cudaBuildInfo(py::dict& info);
+
 void init_info(py::module_& m) {
   m.attr("__version__") = CYXWIZ_VERSION;
   // Called once by pycyxwiz/__init__.py (not here: an exception during module init becomes ImportError,
@@ -24,11 +26,7 @@ void init_info(py::module_& m) {
     info["blas"] = cyxwiz::blas::libraryInfo();
     info["blas_threads"] = cyxwiz::blas::numThreads();
     info["blas_threads_policy"] = threadPolicy;
-    info["cuda"] = false;
-    info["cuda_version"] = py::none();
-    info["nccl"] = false;
-    info["nccl_version"] = py::none();
-    info["note"] = "CPU-only build: GPU tensors and the NCCL backend are not built yet";
+    cudaBuildInfo(info);
     return info;
   }, "What this build contains: compiler, BLAS, CUDA/NCCL (present or not).");
 }

@@ -36,7 +36,7 @@ void init_losses(py::module_& m) {
         Tensor t = lossTarget(self, target);
         Tensor g;
         { py::gil_scoped_release release; g = self.backward(o, t); }
-        return toNumpy(g);
+        return cyxwiz::bindings::toPython(g);
       }, py::arg("output"), py::arg("target"), "Gradient of the mean loss w.r.t. output.")
       .def("__repr__", [](const Loss& self) { return self.typeName() + "()"; });
 

@@ -13,6 +13,7 @@ void init_losses(py::module_& m);
 void init_optim(py::module_& m);
 void init_info(py::module_& m);
 void init_distributed(py::module_& m);
+void init_cuda(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "pycyxwiz C++ core (private; use `import pycyxwiz as cx`)";
@@ -44,4 +45,5 @@ PYBIND11_MODULE(_core, m) {
   init_optim(m);
   init_info(m);
   init_distributed(m);
+  init_cuda(m);
 }

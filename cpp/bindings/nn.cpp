@@ -10,6 +10,7 @@
 #include "cyxwiz/nn/sigmoid.h"
 #include "cyxwiz/nn/softmax.h"
 #include "cyxwiz/nn/tanh.h"
+#include "cyxwiz/device/cuda.h"
 #include "numpy_convert.h"
 
 namespace py = pybind11;
@@ -17,6 +18,7 @@ using namespace cyxwiz::nn;
 using cyxwiz::Tensor;
 using cyxwiz::bindings::floatTensor;
 using cyxwiz::bindings::toNumpy;
+using cyxwiz::bindings::toPython;
 
 namespace {
 
@@ -44,14 +46,14 @@ void init_nn(py::module_& m) {
         Tensor in = floatTensor(x, (self.typeName() + ".forward").c_str());
         Tensor out;
         { py::gil_scoped_release release; out = self.forward(in); }
-        return toNumpy(out);
+        return toPython(out);
       }, py::arg("input"))
       .def("__call__", [](py::object self, py::handle x) { return self.attr("forward")(x); }, py::arg("input"))
       .def("backward", [](Module& self, py::handle g) {
         Tensor grad = floatTensor(g, (self.typeName() + ".backward").c_str());
         Tensor out;
         { py::gil_scoped_release release; self.setNeedInputGrad(true); out = self.backward(grad); }
-        return toNumpy(out);
+        return toPython(out);
       }, py::arg("grad_output"), "Accumulates parameter gradients; returns the gradient w.r.t. the input.")
       .def("parameters", [](Module& self) { return valueViews(self.parameters()); },
            (std::string("Weights then bias.") + kViewsNote).c_str())
@@ -91,16 +93,25 @@ gradients (call ``zero_grad`` between steps, or don't, to accumulate).
         Tensor in = floatTensor(x, "SequentialModel.forward");
         Tensor out;
         { py::gil_scoped_release release; out = self.forward(in); }
-        return toNumpy(out);
+        return toPython(out);
       }, py::arg("input"))
       .def("__call__", [](py::object self, py::handle x) { return self.attr("forward")(x); }, py::arg("input"))
       .def("backward", [](SequentialModel& self, py::handle g, bool inputGrad) {
         Tensor grad = floatTensor(g, "SequentialModel.backward");
         Tensor out;
         { py::gil_scoped_release release; out = self.backward(grad, inputGrad); }
-        return toNumpy(out);
+        return toPython(out);
       }, py::arg("grad_output"), py::arg("input_grad") = false,
          "Accumulates parameter gradients. Returns the gradient w.r.t. the model input when input_grad=True, else None.")
+      .def("to", [](std::shared_ptr<SequentialModel> self, const std::string& device) {
+        cyxwiz::Device d = cyxwiz::device::parseDevice(device);
+        { py::gil_scoped_release release; self->to(d); }
+        return self;
+      }, py::arg("device"), R"pbdoc(
+Moves the parameters to "cpu", "cuda" or "cuda:N" and returns the model. numpy inputs are then copied
+to that device in forward; outputs and gradients stay there as cx.Tensor (np.asarray copies them back).
+)pbdoc")
+      .def_property_readonly("device", [](const SequentialModel& self) { return self.device().str(); })
       .def("zero_grad", &SequentialModel::zeroGrad, py::call_guard<py::gil_scoped_release>())
       .def("parameters", [](const SequentialModel& self) { return valueViews(self.parameters()); },
            (std::string("Weights then bias, layer by layer.") + kViewsNote).c_str())

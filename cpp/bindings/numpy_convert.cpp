@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
 
 namespace cyxwiz::bindings {
 
@@ -44,8 +45,15 @@ py::array asNumericArray(py::handle obj, const char* what) {
 
 }  // namespace
 
+bool isCudaArray(py::handle obj);
+
 Tensor floatTensor(py::handle obj, const char* what) {
   py::object view;  // owns the numpy view of a cx.Tensor until wrap() takes its own reference
+  if (isCudaArray(obj)) {
+    Tensor t = cudaArrayTensor(obj, what);
+    if (t.dtype() == DType::Float32) return t;
+    throw TypeMismatch(makeString(what, ": expected a float32 GPU array, got ", dtypeName(t.dtype())));
+  }
   if (py::isinstance<Tensor>(obj)) {
     Tensor t = obj.cast<Tensor>();
     if (t.dtype() == DType::Float32) return t;
@@ -62,6 +70,11 @@ Tensor lossTargetTensor(bool classIndices, py::handle obj, const char* what) {
 
 Tensor targetTensor(py::handle obj, const char* what) {
   py::object view;  // as in floatTensor
+  // Labels already on a GPU stay there (int64 class indices or float32 rows).
+  if (isCudaArray(obj) || (py::isinstance<Tensor>(obj) && obj.cast<Tensor>().isCuda())) {
+    Tensor t = isCudaArray(obj) ? cudaArrayTensor(obj, what) : obj.cast<Tensor>();
+    if ((t.dim() == 1 && t.dtype() == DType::Int64) || (t.dim() != 1 && t.dtype() == DType::Float32)) return t;
+  }
   if (py::isinstance<Tensor>(obj)) {
     view = toNumpy(obj.cast<Tensor>());
     obj = view;
@@ -143,6 +156,7 @@ Tensor fromNumpyAnyDtype(py::handle obj, const char* what) {
 
 Tensor inplaceTensor(py::handle obj, const char* what) {
   if (py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();
+  if (isCudaArray(obj)) return cudaArrayTensor(obj, what);
   py::array arr = collectiveArray(obj, what);
   if (!(arr.flags() & py::array::c_style)) {
     throw InvalidArgument(makeString(what, ": the array is not C-contiguous, so it cannot be updated in place: use "
@@ -155,6 +169,7 @@ Tensor inplaceTensor(py::handle obj, const char* what) {
 
 Tensor inputTensor(py::handle obj, const char* what) {
   if (py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();
+  if (isCudaArray(obj)) return cudaArrayTensor(obj, what);
   py::array arr = collectiveArray(obj, what);
   if (!(arr.flags() & py::array::c_style)) arr = py::module_::import("numpy").attr("ascontiguousarray")(arr);
   Shape shape = shapeOf(arr);
@@ -184,8 +199,58 @@ std::string bufferFormat(DType dtype) {
   throw InvalidArgument("unknown dtype");
 }
 
+py::object toPython(const Tensor& t) {
+  if (t.defined() && t.isCuda()) return py::cast(t);
+  return toNumpy(t);
+}
+
+Tensor cudaArrayTensor(py::handle obj, const char* what) {
+  py::dict cai = obj.attr("__cuda_array_interface__");
+  auto data = cai["data"].cast<py::tuple>();
+  auto ptr = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
+  Shape shape;
+  for (py::handle d : cai["shape"].cast<py::tuple>()) shape.push_back(d.cast<int64_t>());
+  const std::string typestr = cai["typestr"].cast<std::string>();
+  DType dtype;
+  if (typestr == "<f4") dtype = DType::Float32;
+  else if (typestr == "<f8") dtype = DType::Float64;
+  else if (typestr == "<i4") dtype = DType::Int32;
+  else if (typestr == "<i8") dtype = DType::Int64;
+  else throw TypeMismatch(makeString(what, ": GPU arrays of type '", typestr, "' are not supported; use float32, float64, int32 or int64"));
+  if (cai.contains("strides") && !cai["strides"].is_none()) {
+    auto strides = cai["strides"].cast<py::tuple>();
+    int64_t expected = static_cast<int64_t>(itemSize(dtype));
+    for (size_t i = shape.size(); i-- > 0;) {
+      if (shape[i] > 1 && strides[i].cast<int64_t>() != expected) {
+        throw InvalidArgument(makeString(what, ": the GPU array is not C-contiguous; pass a contiguous copy "
+                                         "(cupy.ascontiguousarray(x) or x.contiguous())"));
+      }
+      expected *= shape[i];
+    }
+  }
+  int dev = 0;
+  if (ptr) {
+    device::check(device::cudaApi().pointerDevice(ptr, &dev));
+    CYX_CHECK(dev >= 0, what, ": __cuda_array_interface__ points at host memory");
+  }
+  return Tensor::fromExternal(ptr, shape, dtype, pythonOwner(py::reinterpret_borrow<py::object>(obj)),
+                              Device{DeviceType::CUDA, dev});
+}
+
+bool isCudaArray(py::handle obj) {
+  return !py::isinstance<Tensor>(obj) && py::hasattr(obj, "__cuda_array_interface__");
+}
+
 py::object toNumpy(const Tensor& t) {
   if (!t.defined()) return py::none();
+  if (t.isCuda()) {
+    Tensor host;
+    {
+      py::gil_scoped_release release;
+      host = t.to(Device{});
+    }
+    return toNumpy(host);
+  }
   py::dtype dtype;
   switch (t.dtype()) {
     case DType::Float32: dtype = py::dtype::of<float>(); break;

@@ -19,7 +19,11 @@ Tensor targetTensor(py::handle obj, const char* what);
 // A loss target: targetTensor when the loss takes class indices, else floatTensor (regression values).
 Tensor lossTargetTensor(bool classIndices, py::handle obj, const char* what);
 // A numpy array over the tensor's storage (writable view; keeps the storage alive). None when undefined.
-py::object toNumpy(const Tensor& t);
+py::object toNumpy(const Tensor& t);  // a view of host memory; a copy of a GPU tensor
+// What a forward/backward hands back: numpy for host tensors, the cx.Tensor itself for GPU ones (no copy).
+py::object toPython(const Tensor& t);
+// Wraps an object exposing __cuda_array_interface__ (CuPy, PyTorch CUDA tensors) without a copy.
+Tensor cudaArrayTensor(py::handle obj, const char* what);
 Tensor fromNumpyAnyDtype(py::handle obj, const char* what);
 // An array a collective may write into: a numpy array (or cx.Tensor) of float32/float64/int32/int64,
 // C-contiguous and writable, wrapped without a copy. TypeError/ValueError that say how to fix it.

@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
 #include "cyxwiz/tensor/blas.h"
 #include "cyxwiz/tensor/random.h"
 #include "cyxwiz/tensor/tensor.h"
@@ -20,6 +22,7 @@ A contiguous n-dimensional array owned by the engine (float32, float64, int32 or
 converted once); ``numpy.asarray(t)``, ``memoryview(t)`` and ``t.numpy()`` are views, not copies.
 )pbdoc")
       .def_buffer([](Tensor& t) {
+        if (t.isCuda()) throw cyxwiz::Error("this tensor is on " + t.device().str() + ": copy it to the host with t.numpy()");
         const auto item = static_cast<py::ssize_t>(cyxwiz::itemSize(t.dtype()));
         std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
         return py::buffer_info(t.rawData(), item, cyxwiz::bindings::bufferFormat(t.dtype()),
@@ -31,8 +34,38 @@ converted once); ``numpy.asarray(t)``, ``memoryview(t)`` and ``t.numpy()`` are v
       .def_property_readonly("device", [](const Tensor& t) { return t.device().str(); })
       .def_property_readonly("ndim", &Tensor::dim)
       .def("numel", &Tensor::numel)
-      .def("numpy", [](const Tensor& t) { return toNumpy(t); }, "A numpy view of the same memory.")
+      .def("numpy", [](const Tensor& t) { return toNumpy(t); },
+           "A numpy view of the same memory; for a GPU tensor, a copy on the host.")
       .def("__array__", [](const Tensor& t, py::args, py::kwargs) { return toNumpy(t); })
+      .def_property_readonly("is_cuda", &Tensor::isCuda)
+      .def("to", [](const Tensor& t, const std::string& device) {
+        cyxwiz::Device d = cyxwiz::device::parseDevice(device);
+        cyxwiz::device::requireDevice(d, "Tensor.to");
+        py::gil_scoped_release release;
+        return t.to(d);
+      }, py::arg("device"), "This tensor on \"cpu\", \"cuda\" or \"cuda:N\" (itself when already there).")
+      .def("cpu", [](const Tensor& t) {
+        py::gil_scoped_release release;
+        return t.to(cyxwiz::Device{});
+      })
+      .def_property_readonly("__cuda_array_interface__", [](const Tensor& t) {
+        // Absent (AttributeError) on host tensors, so consumers fall back to the buffer protocol.
+        if (!t.isCuda()) throw py::attribute_error("a host tensor has no __cuda_array_interface__; use numpy()");
+        py::dict d;
+        d["shape"] = py::tuple(py::cast(t.shape()));
+        d["typestr"] = std::string("<") + (t.dtype() == cyxwiz::DType::Float32 || t.dtype() == cyxwiz::DType::Float64 ? "f" : "i") +
+                       std::to_string(cyxwiz::itemSize(t.dtype()));
+        d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(t.rawData()), false);
+        d["version"] = 3;
+        d["strides"] = py::none();
+        // Our kernels run on a stream of our own; consumers must not race them.
+        {
+          py::gil_scoped_release release;
+          CYX_CUDA(synchronize(t.device().index));
+        }
+        d["stream"] = py::none();
+        return d;
+      })
       .def("__len__", [](const Tensor& t) { return t.dim() ? t.size(0) : 0; })
       .def("__repr__", [](const Tensor& t) {
         return "Tensor(shape=" + cyxwiz::shapeString(t.shape()) + ", dtype=" + cyxwiz::dtypeName(t.dtype()) +

@@ -3,8 +3,10 @@
 #include <mutex>
 
 #include "cyxwiz/comm/cpu/cpu_backend.h"
+#include "cyxwiz/comm/nccl/nccl_backend.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
+#include "cyxwiz/device/cuda.h"
 
 namespace cyxwiz::comm {
 
@@ -27,17 +29,21 @@ void init(const DistributedConfig& config) {
                                "); call cx.distributed.finalize() before init() again"));
   }
   config.validate();
-  if (config.backend == BackendType::NCCL) {
-    throw BackendError(
-        "init: this pycyxwiz build has no NCCL backend (it was built without the CUDA toolkit and NCCL). Use "
-        "BackendType.CPU (DISTRIBUTED_BACKEND=cpu), or rebuild on a machine with CUDA and the nvidia-nccl-cu13 "
-        "and nvidia-cublas wheels installed: pip install --no-build-isolation .");
+  if (config.backend == BackendType::NCCL && !device::cudaBuilt()) {
+    throw BackendError(makeString(
+        "init: this pycyxwiz build has no NCCL backend (", device::cudaBuildNote(), "). Use BackendType.CPU "
+        "(DISTRIBUTED_BACKEND=cpu), or rebuild on a machine with the CUDA toolkit and the nvidia-nccl-cu13 and "
+        "nvidia-cublas wheels installed: pip install --no-build-isolation ."));
   }
   setLogRank(config.rank, config.worldSize);
   DistributedConfig c = config;
   c.generation = gCompletedInits + 1;
   try {
-    gBackend = std::make_shared<CpuBackend>(c);
+    if (c.backend == BackendType::NCCL) {
+      gBackend = std::make_shared<NcclBackend>(c);
+    } else {
+      gBackend = std::make_shared<CpuBackend>(c);
+    }
     ++gCompletedInits;
   } catch (...) {
     clearLogRank();

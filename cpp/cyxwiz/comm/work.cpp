@@ -1,5 +1,7 @@
 #include "cyxwiz/comm/work.h"
 
+#include <thread>
+
 #include "cyxwiz/common/error.h"
 
 namespace cyxwiz::comm {
@@ -8,7 +10,22 @@ std::string Work::description() const {
   return makeString("[rank ", rank_, "/", worldSize_, "] ", call_.describe());
 }
 
-bool Work::isCompleted() const {
+void Work::poll(bool block) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!poller_ || completed_) return;
+  }
+  try {
+    if (!poller_(block)) return;
+  } catch (...) {
+    finish(std::current_exception());
+    return;
+  }
+  finish();
+}
+
+bool Work::isCompleted() {
+  poll(false);
   std::lock_guard<std::mutex> lock(mutex_);
   return completed_;
 }
@@ -24,12 +41,19 @@ std::exception_ptr Work::exception() const {
 }
 
 void Work::wait() {
+  poll(true);
   std::unique_lock<std::mutex> lock(mutex_);
   done_.wait(lock, [this] { return completed_; });
   if (error_) std::rethrow_exception(error_);
 }
 
 bool Work::waitFor(std::chrono::milliseconds timeout) {
+  if (poller_) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!isCompleted() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   if (!done_.wait_for(lock, timeout, [this] { return completed_; })) return false;
   if (error_) std::rethrow_exception(error_);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -17,7 +18,7 @@ class Work {
   // when a message needs it: the latency path pays for no strings.
   Work(const CallSignature& call, int rank, int worldSize) : call_(call), rank_(rank), worldSize_(worldSize) {}
 
-  bool isCompleted() const;
+  bool isCompleted();
   bool isSuccess() const;             // completed without an error
   std::exception_ptr exception() const;
   // Blocks until the collective is done and rethrows its error. The collective itself is bounded by
@@ -31,6 +32,12 @@ class Work {
   // Called once, by the thread that ran the collective.
   void finish(std::exception_ptr error = nullptr);
 
+  // For collectives that finish on a GPU rather than on a thread (NCCL): `poll(block)` returns true
+  // once the collective is done (with block, after waiting for it, bounded by the backend's
+  // timeout) and throws its error. wait(), waitFor() and isCompleted() then ask it.
+  using Poller = std::function<bool(bool block)>;
+  void setPoller(Poller poll) { poller_ = std::move(poll); }
+
  private:
   CallSignature call_;
   int rank_, worldSize_;
@@ -38,6 +45,9 @@ class Work {
   std::condition_variable done_;
   bool completed_ = false;
   std::exception_ptr error_;
+  Poller poller_;
+  // Asks the poller (if any, and not yet completed), finishing the work when it reports done or fails.
+  void poll(bool block);
 };
 
 }  // namespace cyxwiz::comm

@@ -34,7 +34,8 @@ void ByteWriter::tensor(const Tensor& t) {
   u8(static_cast<uint8_t>(t.dtype()));
   u32(static_cast<uint32_t>(t.dim()));
   for (int64_t d : t.shape()) i64(d);
-  raw(t.rawData(), t.nbytes());
+  const Tensor host = t.to(Device{});  // GPU parameters and optimizer state are written from a host copy
+  raw(host.rawData(), host.nbytes());
 }
 
 void ByteReader::fail(const std::string& problem) const {

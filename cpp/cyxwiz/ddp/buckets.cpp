@@ -34,7 +34,7 @@ GradientBuckets::GradientBuckets(nn::SequentialModel& model, size_t capBytes, si
     for (nn::Module* m : group) {
       for (nn::Parameter* p : m->parameters()) elements += p->value.numel();
     }
-    b.storage = Tensor::zeros({elements});
+    b.storage = Tensor::zeros({elements}, DType::Float32, model.device());
     int64_t offset = 0;
     for (nn::Module* m : group) {
       for (nn::Parameter* p : m->parameters()) {

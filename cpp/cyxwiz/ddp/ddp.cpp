@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "cyxwiz/comm/nccl/nccl_backend.h"
 #include "cyxwiz/comm/process_group.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
@@ -23,7 +24,8 @@ bool envFlag(const char* name) {
 }
 
 double checksum(const Tensor& t) {
-  const float* x = t.data<float>();
+  const Tensor host = t.to(Device{});
+  const float* x = host.data<float>();
   double s = 0.0;
   for (int64_t i = 0; i < t.numel(); ++i) s += x[i];
   return s;
@@ -31,8 +33,10 @@ double checksum(const Tensor& t) {
 
 bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
-bool overlapPolicy(int worldSize) {
+bool overlapPolicy(int worldSize, bool onNccl) {
   if (const char* v = std::getenv("CYXWIZ_DDP_OVERLAP"); v && *v) return envFlag("CYXWIZ_DDP_OVERLAP");
+  // NCCL runs on its own stream and costs the host only the launch: always worth overlapping.
+  if (onNccl) return true;
   const long cores = static_cast<long>(std::thread::hardware_concurrency());
   return 2L * comm::ranksOnThisHost(worldSize) <= cores;
 }
@@ -51,7 +55,15 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   }
   fingerprint_ = model_->architectureFingerprint();
   moduleCount_ = model_->size();
-  overlap_ = overlapPolicy(worldSize());
+  const auto* nccl = dynamic_cast<const comm::NcclBackend*>(backend_.get());
+  if (nccl && model_->device() != nccl->device()) {
+    CYX_CHECK(model_->device().type == DeviceType::CPU, "DistributedDataParallel: the model is on ",
+              model_->device().str(), " but this rank's NCCL communicator drives ", nccl->device().str(),
+              " (LOCAL_RANK); leave the model on the CPU and DDP moves it, or move it to ", nccl->device().str());
+    model_->to(nccl->device());  // the guide's scripts never move the model themselves
+    logInfo(makeString("DistributedDataParallel: model moved to ", nccl->device().str(), " for the nccl backend"));
+  }
+  overlap_ = overlapPolicy(worldSize(), nccl != nullptr);
   if (worldSize() > 1) {
     checkSameArchitecture();
     if (config.broadcastParameters) broadcastParameters();
@@ -64,7 +76,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   model_->setGradientGuard([this](nn::SequentialModel::GradientUse use) { guardGradients(use); });
   if (worldSize() > 1) {
     logInfo(makeString("DistributedDataParallel: ", buckets_->buckets().size(), " gradient buckets; all-reduce ",
-                       overlap_ ? "overlapped with backward" : "at sync time (fewer than 2 cores per local rank)"));
+                       overlap_ ? "overlapped with backward" : "at sync time (fewer than 2 cores per local rank)",
+                       model_->device().type == DeviceType::CUDA ? makeString(", on ", model_->device().str()) : ""));
   }
 }
 
@@ -96,7 +109,7 @@ void DistributedDataParallel::checkSameArchitecture() {
 
 void DistributedDataParallel::broadcastParameters() {
   std::vector<nn::Parameter*> params = model_->parameters();
-  Tensor flat = Tensor::empty({model_->numParameters()});
+  Tensor flat = Tensor::empty({model_->numParameters()}, DType::Float32, model_->device());
   int64_t offset = 0;
   for (nn::Parameter* p : params) {
     flat.view(offset, p->value.shape()).copyFrom(p->value);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cyxwiz/device/cuda.h"
 #include "cyxwiz/nn/softmax.h"
 
 namespace cyxwiz::nn {
@@ -10,6 +11,14 @@ namespace cyxwiz::nn {
 double CrossEntropyLoss::forward(const Tensor& output, const Tensor& target) {
   bool indices = checkClassTarget(output, target, "CrossEntropyLoss.forward");
   const int64_t rows = output.size(0), classes = output.size(1);
+  if (output.isCuda()) {
+    const Tensor t = targetOnDevice(output, target);
+    double loss = 0.0;
+    CYX_CUDA(crossEntropyForward(output.device().index, output.deviceData<float>(),
+                                 indices ? t.deviceData<int64_t>() : nullptr, indices ? nullptr : t.deviceData<float>(),
+                                 rows, classes, &loss));
+    return loss;
+  }
   const float* x = output.data<float>();
   double total = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -31,6 +40,14 @@ double CrossEntropyLoss::forward(const Tensor& output, const Tensor& target) {
 Tensor CrossEntropyLoss::backward(const Tensor& output, const Tensor& target) {
   bool indices = checkClassTarget(output, target, "CrossEntropyLoss.backward");
   const int64_t rows = output.size(0), classes = output.size(1);
+  if (output.isCuda()) {
+    const Tensor t = targetOnDevice(output, target);
+    Tensor grad = Tensor::empty(output.shape(), DType::Float32, output.device());
+    CYX_CUDA(crossEntropyBackward(output.device().index, output.deviceData<float>(),
+                                  indices ? t.deviceData<int64_t>() : nullptr, indices ? nullptr : t.deviceData<float>(),
+                                  grad.deviceData<float>(), rows, classes));
+    return grad;
+  }
   Tensor grad = Tensor::empty(output.shape());
   float* g = grad.data<float>();
   softmaxRows(output.data<float>(), g, rows, classes);

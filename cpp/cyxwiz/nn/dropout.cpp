@@ -1,6 +1,8 @@
 #include "cyxwiz/nn/dropout.h"
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
+#include "cyxwiz/device/ops.h"
 #include "cyxwiz/nn/elementwise.h"
 #include "cyxwiz/tensor/random.h"
 
@@ -20,11 +22,18 @@ Tensor DropoutModule::forward(const Tensor& input) {
     mask_ = Tensor();
     return input.clone();
   }
-  mask_ = Tensor::empty(input.shape());
-  Tensor out = Tensor::empty(input.shape());
+  mask_ = Tensor::empty(input.shape(), DType::Float32, input.device());
+  Tensor out = Tensor::empty(input.shape(), DType::Float32, input.device());
   const float keep = static_cast<float>(1.0 - p_);
   const float scale = 1.0f / keep;
   auto& gen = globalGenerator();
+  if (input.isCuda()) {
+    // One draw from the global generator seeds the GPU's counter-based stream: manual_seed still
+    // makes GPU runs repeatable, though the masks differ from the CPU's.
+    CYX_CUDA(dropoutForward(input.device().index, input.deviceData<float>(), out.deviceData<float>(),
+                            mask_.deviceData<float>(), input.numel(), keep, gen()));
+    return out;
+  }
   float* m = mask_.data<float>();
   const float* x = input.data<float>();
   float* y = out.data<float>();
@@ -41,6 +50,13 @@ Tensor DropoutModule::backward(const Tensor& gradOutput) {
   checkBackward(gradOutput, gradOutput, shape_);
   if (!needInputGrad_) return Tensor();
   if (!mask_.defined()) return gradOutput.clone();
+  if (gradOutput.isCuda()) {
+    ops::requireSameDevice(mask_, gradOutput, "DropoutModule.backward");
+    Tensor gradInput = Tensor::empty(gradOutput.shape(), DType::Float32, gradOutput.device());
+    CYX_CUDA(multiply(gradOutput.device().index, mask_.deviceData<float>(), gradOutput.deviceData<float>(),
+                      gradInput.deviceData<float>(), gradOutput.numel()));
+    return gradInput;
+  }
   return zipElements(mask_, gradOutput, [](float m, float g) { return g * m; });
 }
 

@@ -17,6 +17,12 @@ class DropoutModule : public Module {
   std::string repr() const override;
   double p() const { return p_; }
 
+ protected:
+  void clearCache() override {
+    mask_ = Tensor();
+    ranForward_ = false;
+  }
+
  private:
   double p_;
   Tensor mask_;  // 0 or 1/(1-p) per element; undefined when forward ran as the identity

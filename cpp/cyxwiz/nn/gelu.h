@@ -12,6 +12,9 @@ class GELUModule : public Module {
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& gradOutput) override;
 
+ protected:
+  void clearCache() override { input_ = Tensor(); }
+
  private:
   Tensor input_;  // the derivative needs x itself
 };

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "cyxwiz/common/error.h"
-#include "cyxwiz/tensor/blas.h"
+#include "cyxwiz/device/ops.h"
 #include "cyxwiz/tensor/random.h"
 
 namespace cyxwiz::nn {
@@ -31,41 +31,36 @@ void LinearModule::resetParameters() {
 
 Tensor LinearModule::forward(const Tensor& input) {
   requireMatrix(input, repr() + ".forward", in_);
-  const int64_t batch = input.size(0);
-  Tensor output = Tensor::empty({batch, out_});
-  float* y = output.data<float>();
+  const Device device = weight_.value.device();
+  const Tensor x = input.to(device);  // numpy input of a GPU layer: copied once, here at the edge
+  const int64_t batch = x.size(0);
+  Tensor output = Tensor::empty({batch, out_}, DType::Float32, device);
+  float* y = output.deviceData<float>();
   // Seed each row with the bias, then let the GEMM accumulate onto it (beta = 1): no separate pass.
-  if (hasBias_) {
-    const float* b = bias_.value.data<float>();
-    for (int64_t r = 0; r < batch; ++r) std::copy(b, b + out_, y + r * out_);
-  }
-  blas::sgemm(false, true, batch, out_, in_, 1.0f, input.data<float>(), in_, weight_.value.data<float>(), in_,
-              hasBias_ ? 1.0f : 0.0f, y, out_);
-  input_ = keepForBackward(input);
+  if (hasBias_) ops::broadcastRows(device, bias_.value.deviceData<float>(), y, batch, out_);
+  ops::gemm(device, false, true, batch, out_, in_, 1.0f, x.deviceData<float>(), in_, weight_.value.deviceData<float>(),
+            in_, hasBias_ ? 1.0f : 0.0f, y, out_);
+  input_ = keepForBackward(x);
   return output;
 }
 
 Tensor LinearModule::backward(const Tensor& gradOutput) {
   requireForward(input_);
   checkBackward(input_, gradOutput, {input_.size(0), out_});
+  const Device device = weight_.value.device();
+  const Tensor gt = gradOutput.to(device);
   const int64_t batch = input_.size(0);
-  const float* g = gradOutput.data<float>();
+  const float* g = gt.deviceData<float>();
   // dW += g^T x ; the GEMM's beta = 1 is the accumulation.
-  blas::sgemm(true, false, out_, in_, batch, 1.0f, g, out_, input_.data<float>(), in_, 1.0f,
-              weight_.grad.data<float>(), in_);
-  if (hasBias_) {
-    float* db = bias_.grad.data<float>();
-    for (int64_t r = 0; r < batch; ++r) {
-      const float* row = g + r * out_;
-      for (int64_t j = 0; j < out_; ++j) db[j] += row[j];
-    }
-  }
+  ops::gemm(device, true, false, out_, in_, batch, 1.0f, g, out_, input_.deviceData<float>(), in_, 1.0f,
+            weight_.grad.deviceData<float>(), in_);
+  if (hasBias_) ops::addColumnSums(device, g, bias_.grad.deviceData<float>(), batch, out_);
   gradsReady();
   if (!needInputGrad_) return Tensor();
   // dx = g W
-  Tensor gradInput = Tensor::empty({batch, in_});
-  blas::sgemm(false, false, batch, in_, out_, 1.0f, g, out_, weight_.value.data<float>(), in_, 0.0f,
-              gradInput.data<float>(), in_);
+  Tensor gradInput = Tensor::empty({batch, in_}, DType::Float32, device);
+  ops::gemm(device, false, false, batch, in_, out_, 1.0f, g, out_, weight_.value.deviceData<float>(), in_, 0.0f,
+            gradInput.deviceData<float>(), in_);
   return gradInput;
 }
 

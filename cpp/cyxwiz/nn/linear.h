@@ -23,6 +23,9 @@ class LinearModule : public Module {
   // Kaiming-uniform weights and uniform bias in +-1/sqrt(in_features), as torch.nn.Linear.
   void resetParameters();
 
+ protected:
+  void clearCache() override { input_ = Tensor(); }
+
  private:
   int64_t in_, out_;
   bool hasBias_;

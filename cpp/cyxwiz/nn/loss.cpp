@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
 #include "cyxwiz/nn/module.h"
 
 namespace cyxwiz::nn {
@@ -13,7 +14,8 @@ bool checkClassTarget(const Tensor& output, const Tensor& target, const std::str
   CYX_CHECK(rows > 0, who, ": the batch is empty");
   if (target.dtype() == DType::Int64 && target.dim() == 1) {
     CYX_CHECK(target.size(0) == rows, who, ": output has ", rows, " rows but target has ", target.size(0), " labels");
-    const int64_t* t = target.data<int64_t>();
+    const Tensor host = target.to(Device{});  // labels on a GPU: a small copy, checked here
+    const int64_t* t = host.data<int64_t>();
     for (int64_t r = 0; r < rows; ++r) {
       CYX_CHECK(t[r] >= 0 && t[r] < classes, who, ": target class ", t[r], " at row ", r, " is out of range for ",
                 classes, " classes (valid: 0..", classes - 1, ")");
@@ -26,9 +28,18 @@ bool checkClassTarget(const Tensor& output, const Tensor& target, const std::str
   return false;
 }
 
+Tensor targetOnDevice(const Tensor& output, const Tensor& target) { return target.to(output.device()); }
+
 int64_t countCorrect(const Tensor& output, const Tensor& target) {
   bool indices = checkClassTarget(output, target, "accuracy");
   const int64_t rows = output.size(0), classes = output.size(1);
+  if (output.isCuda()) {
+    const Tensor t = targetOnDevice(output, target);
+    int64_t correct = 0;
+    CYX_CUDA(countCorrect(output.device().index, output.deviceData<float>(), indices ? t.deviceData<int64_t>() : nullptr,
+                          indices ? nullptr : t.deviceData<float>(), rows, classes, &correct));
+    return correct;
+  }
   const float* y = output.data<float>();
   int64_t correct = 0;
   for (int64_t r = 0; r < rows; ++r) {

@@ -29,5 +29,7 @@ int64_t countCorrect(const Tensor& output, const Tensor& target);
 // Throws unless `target` is (N,) int64 class indices in [0, classes) or a float32 (N, classes) matrix.
 // Returns true for class indices.
 bool checkClassTarget(const Tensor& output, const Tensor& target, const std::string& who);
+// `target` on the output's device (copied when it is not).
+Tensor targetOnDevice(const Tensor& output, const Tensor& target);
 
 }  // namespace cyxwiz::nn

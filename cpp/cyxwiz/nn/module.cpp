@@ -3,13 +3,27 @@
 #include <cstring>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
 
 namespace cyxwiz::nn {
 
 void Module::zeroGrad() {
   for (Parameter* p : parameters()) {
-    if (p->grad.nbytes()) std::memset(p->grad.rawData(), 0, p->grad.nbytes());
+    if (!p->grad.nbytes()) continue;
+    if (p->grad.isCuda()) {
+      CYX_CUDA(memsetZero(p->grad.device().index, p->grad.rawData(), p->grad.nbytes()));
+    } else {
+      std::memset(p->grad.rawData(), 0, p->grad.nbytes());
+    }
   }
+}
+
+void Module::to(const Device& device) {
+  for (Parameter* p : parameters()) {
+    p->value = p->value.to(device);
+    if (p->grad.defined()) p->grad = p->grad.to(device);
+  }
+  clearCache();
 }
 
 int64_t Module::numParameters() {

@@ -46,6 +46,8 @@ class Module {
 
   void zeroGrad();
   int64_t numParameters();
+  // Moves parameters and gradients to `device` (SequentialModel::to checks that it is usable).
+  void to(const Device& device);
   void setTraining(bool training) { training_ = training; }
   bool training() const { return training_; }
   void setNeedInputGrad(bool need) { needInputGrad_ = need; }
@@ -62,6 +64,9 @@ class Module {
   void requireForward(const Tensor& cached) const;
   // requireForward, then: `gradOutput` is float32 of the `expected` shape (what forward returned).
   void checkBackward(const Tensor& cached, const Tensor& gradOutput, const Shape& expected) const;
+
+  // Drops what forward cached for backward (it may live on the device the module is leaving).
+  virtual void clearCache() {}
 
   void gradsReady() {
     if (gradReadyHook_) gradReadyHook_(*this);

@@ -1,6 +1,7 @@
 #include "cyxwiz/nn/mse.h"
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
 
 namespace cyxwiz::nn {
 
@@ -18,6 +19,12 @@ void checkSameShape(const Tensor& output, const Tensor& target, const char* who)
 
 double MSELoss::forward(const Tensor& output, const Tensor& target) {
   checkSameShape(output, target, "MSELoss.forward");
+  if (output.isCuda()) {
+    const Tensor t = targetOnDevice(output, target);
+    double loss = 0.0;
+    CYX_CUDA(mseForward(output.device().index, output.deviceData<float>(), t.deviceData<float>(), output.numel(), &loss));
+    return loss;
+  }
   const float* y = output.data<float>();
   const float* t = target.data<float>();
   const int64_t n = output.numel();
@@ -31,6 +38,13 @@ double MSELoss::forward(const Tensor& output, const Tensor& target) {
 
 Tensor MSELoss::backward(const Tensor& output, const Tensor& target) {
   checkSameShape(output, target, "MSELoss.backward");
+  if (output.isCuda()) {
+    const Tensor t = targetOnDevice(output, target);
+    Tensor grad = Tensor::empty(output.shape(), DType::Float32, output.device());
+    CYX_CUDA(mseBackward(output.device().index, output.deviceData<float>(), t.deviceData<float>(), grad.deviceData<float>(),
+                         output.numel()));
+    return grad;
+  }
   Tensor grad = Tensor::empty(output.shape());
   const float* y = output.data<float>();
   const float* t = target.data<float>();

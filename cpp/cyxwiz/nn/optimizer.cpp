@@ -21,7 +21,7 @@ void Optimizer::ensureState(const std::vector<Parameter*>& params) {
   if (slots_.empty() && nslots > 0) {
     for (Parameter* p : params) {
       std::vector<Tensor> buffers;
-      for (size_t s = 0; s < nslots; ++s) buffers.push_back(Tensor::zeros(p->value.shape()));
+      for (size_t s = 0; s < nslots; ++s) buffers.push_back(Tensor::zeros(p->value.shape(), DType::Float32, p->value.device()));
       slots_.push_back(std::move(buffers));
     }
     return;
@@ -32,6 +32,10 @@ void Optimizer::ensureState(const std::vector<Parameter*>& params) {
   }
   CYX_CHECK(same, typeName(), ".step: this optimizer holds state for a different model (", slots_.size(),
             " parameters); use one optimizer per model");
+  // State restored from a checkpoint, or a model moved with model.to(...): the buffers follow the parameters.
+  for (size_t i = 0; nslots && i < params.size(); ++i) {
+    for (Tensor& buffer : slots_[i]) buffer = buffer.to(params[i]->value.device());
+  }
 }
 
 void Optimizer::step(SequentialModel& model) {
@@ -60,7 +64,10 @@ OptimizerState Optimizer::state() const {
   hyperParameters(out.scalars);
   std::vector<std::string> names = slotNames();
   for (size_t i = 0; i < slots_.size(); ++i) {
-    for (size_t s = 0; s < names.size(); ++s) out.tensors[makeString(names[s], ".", i)] = slots_[i][s].clone();
+    for (size_t s = 0; s < names.size(); ++s) {
+      const Tensor& buffer = slots_[i][s];
+      out.tensors[makeString(names[s], ".", i)] = buffer.isCuda() ? buffer.to(Device{}) : buffer.clone();
+    }
   }
   return out;
 }
@@ -81,7 +88,7 @@ void Optimizer::loadState(const OptimizerState& state) {
       CYX_CHECK(it->second.dtype() == DType::Float32, typeName(), ".load_state_dict: '", name, ".", i, "' must be float32");
       CYX_CHECK(buffers.empty() || it->second.shape() == buffers[0].shape(), typeName(), ".load_state_dict: '", name, ".", i,
                 "' has shape ", shapeString(it->second.shape()), " but its sibling buffers have ", shapeString(buffers[0].shape()));
-      buffers.push_back(it->second.clone());
+      buffers.push_back(it->second.to(Device{}).clone());
     }
     if (buffers.empty() || names.empty()) break;
     CYX_CHECK(buffers.size() == names.size(), typeName(), ".load_state_dict: parameter ", i, " lacks some of its buffers");

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
 #include "cyxwiz/nn/linear.h"
 #include "cyxwiz/nn/model_file.h"
 
@@ -19,6 +20,7 @@ void SequentialModel::add(std::shared_ptr<Module> module) {
   for (const auto& m : modules_) features = m->outFeatures(features);
   if (features >= 0) module->outFeatures(features);
   module->setTraining(training_);
+  module->to(device_);
   modules_.push_back(std::move(module));
 }
 
@@ -31,14 +33,14 @@ const std::shared_ptr<Module>& SequentialModel::at(size_t i) const {
 
 Tensor SequentialModel::forward(const Tensor& input) {
   CYX_CHECK(!modules_.empty(), "SequentialModel.forward: the model has no layers; add some with model.add(...)");
-  Tensor x = input;
+  Tensor x = input.to(device_);
   for (const auto& m : modules_) x = m->forward(x);
   return x;
 }
 
 Tensor SequentialModel::backward(const Tensor& gradOutput, bool needInputGrad) {
   CYX_CHECK(!modules_.empty(), "SequentialModel.backward: the model has no layers");
-  Tensor g = gradOutput;
+  Tensor g = gradOutput.to(device_);
   for (size_t i = modules_.size(); i-- > 0;) {
     // Every layer but the first must hand a gradient down; the first only when the caller wants it.
     modules_[i]->setNeedInputGrad(i > 0 || needInputGrad);
@@ -50,6 +52,15 @@ Tensor SequentialModel::backward(const Tensor& gradOutput, bool needInputGrad) {
 void SequentialModel::zeroGrad() {
   guardGradients(GradientUse::Clear);
   for (const auto& m : modules_) m->zeroGrad();
+}
+
+void SequentialModel::to(const Device& device) {
+  if (device == device_) return;
+  device::requireDevice(device, "SequentialModel.to");
+  CYX_CHECK(!gradientGuard_, "SequentialModel.to(\"", device.str(), "\"): this model is wrapped in DistributedDataParallel, whose "
+            "gradient buckets live on ", device_.str(), "; move the model before wrapping it");
+  for (const auto& m : modules_) m->to(device);
+  device_ = device;
 }
 
 std::vector<Parameter*> SequentialModel::parameters() const {

@@ -23,6 +23,11 @@ class SequentialModel {
   Tensor backward(const Tensor& gradOutput, bool needInputGrad = false);
   void zeroGrad();
 
+  // Moves every parameter to `device` (checked: a GPU build with a visible GPU). Inputs and gradients
+  // handed to forward/backward are copied to this device at the edge.
+  void to(const Device& device);
+  Device device() const { return device_; }
+
   // Layer by layer, weight then bias. Pointers stay valid while the model lives.
   std::vector<Parameter*> parameters() const;
   int64_t numParameters() const;
@@ -54,6 +59,7 @@ class SequentialModel {
 
   std::vector<std::shared_ptr<Module>> modules_;
   bool training_ = true;
+  Device device_;
   GradientGuard gradientGuard_;
 };
 

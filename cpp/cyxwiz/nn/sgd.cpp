@@ -1,6 +1,7 @@
 #include "cyxwiz/nn/sgd.h"
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
 
 namespace cyxwiz::nn {
 
@@ -28,6 +29,12 @@ void SGDOptimizer::hyperParameters(std::map<std::string, double>& out) const {
 }
 
 void SGDOptimizer::update(Parameter& param, std::vector<Tensor>& slots) {
+  if (param.value.isCuda()) {
+    CYX_CUDA(sgdStep(param.value.device().index, param.value.deviceData<float>(), param.grad.deviceData<float>(),
+                     slots.empty() ? nullptr : slots[0].deviceData<float>(), param.value.numel(), static_cast<float>(lr_),
+                     static_cast<float>(momentum_), static_cast<float>(weightDecay_), nesterov_));
+    return;
+  }
   float* p = param.value.data<float>();
   const float* grad = param.grad.data<float>();
   const int64_t n = param.value.numel();

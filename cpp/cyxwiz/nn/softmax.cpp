@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cyxwiz/device/cuda.h"
+#include "cyxwiz/device/ops.h"
 #include "cyxwiz/nn/elementwise.h"
 
 namespace cyxwiz::nn {
@@ -25,9 +27,15 @@ void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols) {
 namespace {
 
 Tensor softmax(const Tensor& input) {
-  Tensor out = Tensor::empty(input.shape());
+  Tensor out = Tensor::empty(input.shape(), DType::Float32, input.device());
   const int64_t cols = input.size(-1);
-  if (cols > 0) softmaxRows(input.data<float>(), out.data<float>(), input.numel() / cols, cols);
+  if (cols == 0) return out;
+  if (input.isCuda()) {
+    CYX_CUDA(softmaxForward(input.device().index, input.deviceData<float>(), out.deviceData<float>(),
+                            input.numel() / cols, cols));
+  } else {
+    softmaxRows(input.data<float>(), out.data<float>(), input.numel() / cols, cols);
+  }
   return out;
 }
 
@@ -43,9 +51,17 @@ Tensor SoftmaxModule::backward(const Tensor& gradOutput) {
   checkBackward(input_, gradOutput, input_.shape());
   if (!needInputGrad_) return Tensor();
   Tensor output = softmax(input_);  // recomputed: the returned output belongs to the caller
-  Tensor gradInput = Tensor::empty(gradOutput.shape());
+  Tensor gradInput = Tensor::empty(gradOutput.shape(), DType::Float32, gradOutput.device());
   const int64_t cols = output.size(-1);
   const int64_t rows = cols ? output.numel() / cols : 0;
+  if (gradOutput.isCuda()) {
+    ops::requireSameDevice(output, gradOutput, "SoftmaxModule.backward");
+    if (rows) {
+      CYX_CUDA(softmaxBackward(gradOutput.device().index, output.deviceData<float>(), gradOutput.deviceData<float>(),
+                               gradInput.deviceData<float>(), rows, cols));
+    }
+    return gradInput;
+  }
   const float* y = output.data<float>();
   const float* g = gradOutput.data<float>();
   float* dx = gradInput.data<float>();

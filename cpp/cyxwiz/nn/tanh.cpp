@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "cyxwiz/device/ops.h"
 #include "cyxwiz/nn/elementwise.h"
 
 namespace cyxwiz::nn {
@@ -9,13 +10,13 @@ namespace cyxwiz::nn {
 Tensor TanhModule::forward(const Tensor& input) {
   requireFloatTensor(input, "TanhModule.forward");
   input_ = keepForBackward(input);
-  return mapElements(input, [](float x) { return std::tanh(x); });
+  return ops::activation(input, cuda::Activation::Tanh, [](float x) { return std::tanh(x); });
 }
 
 Tensor TanhModule::backward(const Tensor& gradOutput) {
   checkBackward(input_, gradOutput, input_.shape());
   if (!needInputGrad_) return Tensor();
-  return zipElements(input_, gradOutput, [](float x, float g) {
+  return ops::activationGrad(input_, gradOutput, cuda::Activation::Tanh, [](float x, float g) {
     float y = std::tanh(x);
     return g * (1.0f - y * y);
   });

@@ -11,6 +11,9 @@ class TanhModule : public Module {
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& gradOutput) override;
 
+ protected:
+  void clearCache() override { input_ = Tensor(); }
+
  private:
   Tensor input_;
 };

@@ -26,6 +26,7 @@ struct Device {
   int index = 0;
   std::string str() const;
   bool operator==(const Device& other) const { return type == other.type && index == other.index; }
+  bool operator!=(const Device& other) const { return !(*this == other); }
 };
 
 }  // namespace cyxwiz

@@ -5,6 +5,7 @@
 #include <new>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
 
 namespace cyxwiz {
 
@@ -28,8 +29,45 @@ void throwDTypeMismatch(DType wanted, DType actual) {
   throw TypeMismatch(makeString("tensor holds ", dtypeName(actual), ", but ", dtypeName(wanted), " was required"));
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype) {
+void throwNotOnHost(const Device& device) {
+  throw Error(makeString("a CPU operation received a tensor on ", device.str(),
+                         "; move the model and its inputs to one device (model.to(\"", device.str(), "\"))"));
+}
+
+namespace {
+
+std::shared_ptr<Storage> cudaStorage(size_t nbytes, const Device& device) {
+  auto storage = std::make_shared<Storage>();
+  storage->nbytes = nbytes;
+  storage->device = device;
+  if (nbytes) {
+    cuda::Api& api = device::cudaApi();
+    void* data = nullptr;
+    device::check(api.malloc(device.index, nbytes, &data));
+    const int dev = device.index;
+    storage->data = data;
+    storage->owner = std::shared_ptr<void>(data, [&api, dev](void* p) { api.free(dev, p); });
+  }
+  return storage;
+}
+
+cuda::CopyKind copyKind(const Device& dst, const Device& src) {
+  if (src.type == DeviceType::CPU) return cuda::CopyKind::HostToDevice;
+  if (dst.type == DeviceType::CPU) return cuda::CopyKind::DeviceToHost;
+  return cuda::CopyKind::DeviceToDevice;
+}
+
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) CYX_CHECK(d >= 0, "negative dimension in shape ", shapeString(shape));
+  if (device.type == DeviceType::CUDA) {
+    Tensor t;
+    t.storage_ = cudaStorage(static_cast<size_t>(shapeNumel(shape)) * itemSize(dtype), device);
+    t.shape_ = shape;
+    t.dtype_ = dtype;
+    return t;
+  }
   // 64-byte alignment: whole cache lines and aligned AVX-512 loads in the kernels.
   size_t nbytes = static_cast<size_t>(shapeNumel(shape)) * itemSize(dtype);
   size_t padded = (nbytes + 63) / 64 * 64;
@@ -46,14 +84,20 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
   return t;
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
-  if (t.nbytes()) std::memset(t.rawData(), 0, t.nbytes());
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  if (!t.nbytes()) return t;
+  if (t.isCuda()) {
+    CYX_CUDA(memsetZero(device.index, t.rawData(), t.nbytes()));
+  } else {
+    std::memset(t.rawData(), 0, t.nbytes());
+  }
   return t;
 }
 
-Tensor Tensor::fromExternal(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner) {
+Tensor Tensor::fromExternal(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner, Device device) {
   auto storage = std::make_shared<Storage>();
+  storage->device = device;
   storage->data = data;
   storage->nbytes = static_cast<size_t>(shapeNumel(shape)) * itemSize(dtype);
   storage->owner = std::move(owner);
@@ -92,19 +136,43 @@ Tensor Tensor::view(int64_t elementOffset, const Shape& shape) const {
 }
 
 Tensor Tensor::clone() const {
-  Tensor t = empty(shape_, dtype_);
-  if (nbytes()) std::memcpy(t.rawData(), rawData(), nbytes());
+  Tensor t = empty(shape_, dtype_, device());
+  t.copyFrom(*this);
+  return t;
+}
+
+Tensor Tensor::to(const Device& target) const {
+  if (!defined() || device() == target) return *this;
+  Tensor t = empty(shape_, dtype_, target);
+  t.copyFrom(*this);
   return t;
 }
 
 void Tensor::copyFrom(const Tensor& src) {
   CYX_CHECK(src.dtype_ == dtype_ && src.numel() == numel(), "cannot copy a ", dtypeName(src.dtype_), " tensor of shape ",
             shapeString(src.shape_), " into a ", dtypeName(dtype_), " tensor of shape ", shapeString(shape_));
-  if (nbytes() && rawData() != src.rawData()) std::memmove(rawData(), src.rawData(), nbytes());
+  if (!nbytes() || rawData() == src.rawData()) return;
+  if (!isCuda() && !src.isCuda()) {
+    std::memmove(rawData(), src.rawData(), nbytes());
+    return;
+  }
+  // The copy runs on the GPU side's compute stream, ordered after the kernels that produced src.
+  const int dev = isCuda() ? device().index : src.device().index;
+  CYX_CUDA(copy(dev, rawData(), src.rawData(), nbytes(), copyKind(device(), src.device())));
 }
 
 void Tensor::fill(double value) {
   int64_t n = numel();
+  if (isCuda()) {
+    if (dtype_ == DType::Float32) {
+      CYX_CUDA(fill(device().index, deviceData<float>(), n, static_cast<float>(value)));
+    } else {
+      Tensor host = empty(shape_, dtype_);
+      host.fill(value);
+      copyFrom(host);
+    }
+    return;
+  }
   switch (dtype_) {
     case DType::Float32: { float* p = data<float>(); for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(value); break; }
     case DType::Float64: { double* p = data<double>(); for (int64_t i = 0; i < n; ++i) p[i] = value; break; }

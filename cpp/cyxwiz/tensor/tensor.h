@@ -31,10 +31,12 @@ class Tensor {
  public:
   Tensor() = default;
 
-  static Tensor empty(const Shape& shape, DType dtype = DType::Float32);
-  static Tensor zeros(const Shape& shape, DType dtype = DType::Float32);
+  // On a CUDA device the memory comes from libcyxwiz_cuda.so (cyxwiz/device/cuda.h).
+  static Tensor empty(const Shape& shape, DType dtype = DType::Float32, Device device = Device{});
+  static Tensor zeros(const Shape& shape, DType dtype = DType::Float32, Device device = Device{});
   // Wraps memory owned elsewhere; `owner` keeps it alive for as long as any view exists.
-  static Tensor fromExternal(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner);
+  static Tensor fromExternal(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner,
+                             Device device = Device{});
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -46,14 +48,20 @@ class Tensor {
   Device device() const { return storage_ ? storage_->device : Device{}; }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
 
+  bool isCuda() const { return device().type == DeviceType::CUDA; }
+
   void* rawData() const;
+  // Host pointer: throws when the tensor lives on a GPU (a CPU kernel must never see device memory).
   template <typename T> T* data() const;
+  // Pointer on the tensor's own device, for GPU kernels.
+  template <typename T> T* deviceData() const;
 
   // A tensor of `shape` over this one's storage starting `elementOffset` elements in.
   Tensor view(int64_t elementOffset, const Shape& shape) const;
   Tensor reshape(const Shape& shape) const { return view(0, shape); }
-  Tensor clone() const;
-  void copyFrom(const Tensor& src);  // same numel and dtype; shapes may differ
+  Tensor clone() const;                // same device
+  Tensor to(const Device& device) const;  // *this when already there, else a copy
+  void copyFrom(const Tensor& src);  // same numel and dtype; shapes and devices may differ
   void fill(double value);
   bool sharesStorageWith(const Tensor& other) const { return storage_ && storage_ == other.storage_; }
   bool borrowed() const { return storage_ && storage_->borrowed; }
@@ -66,11 +74,18 @@ class Tensor {
 };
 
 [[noreturn]] void throwDTypeMismatch(DType wanted, DType actual);
+[[noreturn]] void throwNotOnHost(const Device& device);
+
+template <typename T>
+T* Tensor::deviceData() const {
+  if (DTypeOf<T>::value != dtype_) throwDTypeMismatch(DTypeOf<T>::value, dtype_);
+  return static_cast<T*>(rawData());
+}
 
 template <typename T>
 T* Tensor::data() const {
-  if (DTypeOf<T>::value != dtype_) throwDTypeMismatch(DTypeOf<T>::value, dtype_);
-  return static_cast<T*>(rawData());
+  if (storage_ && storage_->device.type != DeviceType::CPU) throwNotOnHost(storage_->device);
+  return deviceData<T>();
 }
 
 }  // namespace cyxwiz

@@ -223,7 +223,25 @@ void CpuBackend::shutdown() {
   if (server_) server_->stop();
 }
 
+std::shared_ptr<Work> CpuBackend::staged(const CallSignature& call, const Tensor& in, const Tensor& out,
+                                         const std::function<void(const Tensor&, const Tensor&)>& collective) {
+  auto lock = staging_.lock();
+  Tensor hostIn = staging_.host(0, in);
+  hostIn.copyFrom(in);
+  const bool same = in.sharesStorageWith(out) && in.rawData() == out.rawData();
+  Tensor hostOut = same ? hostIn : staging_.host(1, out);
+  collective(hostIn, hostOut);
+  Tensor(out).copyFrom(hostOut);
+  auto work = std::make_shared<Work>(call, config_.rank, config_.worldSize);
+  work->finish();
+  return work;
+}
+
 std::shared_ptr<Work> CpuBackend::allReduce(const Tensor& data, ReduceOp op, bool async) {
+  if (data.isCuda()) {
+    return staged(signature(Collective::AllReduce, data, op), data, data,
+                  [&](const Tensor& h, const Tensor&) { allReduce(h, op, false)->wait(); });
+  }
   requireCpu(data, "all_reduce");
   checkReduceOp(op, data.dtype());
   return submit(signature(Collective::AllReduce, data, op), async, [data, op](Ring& ring) {
@@ -232,6 +250,10 @@ std::shared_ptr<Work> CpuBackend::allReduce(const Tensor& data, ReduceOp op, boo
 }
 
 std::shared_ptr<Work> CpuBackend::broadcast(const Tensor& data, int src, bool async) {
+  if (data.isCuda()) {
+    return staged(signature(Collective::Broadcast, data, ReduceOp::Sum, src), data, data,
+                  [&](const Tensor& h, const Tensor&) { broadcast(h, src, false)->wait(); });
+  }
   requireCpu(data, "broadcast");
   CYX_CHECK(src >= 0 && src < config_.worldSize, "broadcast: src=", src, " is not a rank: expected 0..", config_.worldSize - 1);
   return submit(signature(Collective::Broadcast, data, ReduceOp::Sum, src), async,
@@ -239,6 +261,10 @@ std::shared_ptr<Work> CpuBackend::broadcast(const Tensor& data, int src, bool as
 }
 
 std::shared_ptr<Work> CpuBackend::allGather(const Tensor& in, const Tensor& out, bool async) {
+  if (in.isCuda() || out.isCuda()) {
+    return staged(signature(Collective::AllGather, in), in, out,
+                  [&](const Tensor& h, const Tensor& o) { allGather(h, o, false)->wait(); });
+  }
   requireCpu(in, "all_gather");
   requireCpu(out, "all_gather");
   CYX_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * config_.worldSize,
@@ -248,6 +274,10 @@ std::shared_ptr<Work> CpuBackend::allGather(const Tensor& in, const Tensor& out,
 }
 
 std::shared_ptr<Work> CpuBackend::reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+  if (in.isCuda() || out.isCuda()) {
+    return staged(signature(Collective::ReduceScatter, in, op), in, out,
+                  [&](const Tensor& h, const Tensor& o) { reduceScatter(h, o, op, false)->wait(); });
+  }
   requireCpu(in, "reduce_scatter");
   requireCpu(out, "reduce_scatter");
   checkReduceOp(op, in.dtype());

@@ -20,6 +20,7 @@
 
 #include "cyxwiz/comm/backend.h"
 #include "cyxwiz/comm/cpu/pair.h"
+#include "cyxwiz/comm/cpu/staging.h"
 #include "cyxwiz/comm/monitor.h"
 #include "cyxwiz/comm/store_server.h"
 #include "cyxwiz/comm/tcp_store.h"
@@ -49,6 +50,10 @@ class CpuBackend final : public Backend {
   };
 
   std::shared_ptr<Work> submit(CallSignature call, bool async, std::function<void(Ring&)> body);
+  // Runs `collective` (a blocking call on host tensors) for GPU tensors through pinned staging:
+  // `in` is copied to host slot 0, `out` (may be `in`) comes back from slot 1 (or 0 when the same).
+  std::shared_ptr<Work> staged(const CallSignature& call, const Tensor& in, const Tensor& out,
+                               const std::function<void(const Tensor&, const Tensor&)>& collective);
   // onCaller: on the thread that issued it (a blocking call), which may be interrupted (Ctrl-C).
   void execute(Task& task, bool onCaller);
   // Marks the backend busy, runs the task with `lock` released, then wakes whoever waits.
@@ -62,6 +67,7 @@ class CpuBackend final : public Backend {
   Pair left_, right_;
   std::vector<Pair> partners_;  // recursive-doubling links (power-of-two worlds of 4+)
   std::vector<uint8_t> scratch_;  // receive and gather space, kept between calls
+  PinnedStaging staging_;
   std::chrono::microseconds spin_;  // for blocking calls on the caller's thread
 
   std::mutex mutex_;

@@ -1,0 +1,277 @@
+#include "cyxwiz/comm/nccl/nccl_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "cyxwiz/comm/cpu/cpu_backend.h"
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
+#include "cyxwiz/ddp/exchange.h"
+#include "cyxwiz/device/cuda.h"
+
+namespace cyxwiz::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+cuda::ElemType elemType(DType d) { return static_cast<cuda::ElemType>(static_cast<int>(d)); }
+cuda::ReduceKind reduceKind(ReduceOp op) { return static_cast<cuda::ReduceKind>(static_cast<int>(op)); }
+
+CallSignature signature(Collective c, const Tensor& t, ReduceOp op = ReduceOp::Sum, int root = 0) {
+  CallSignature s;
+  s.collective = c;
+  s.op = op;
+  s.dtype = t.defined() ? t.dtype() : DType::Float32;
+  s.count = t.defined() ? static_cast<uint64_t>(t.numel()) : 0;
+  s.root = static_cast<uint32_t>(root);
+  return s;
+}
+
+// The device this process drives: cuda:LOCAL_RANK, as torchrun, Slurm and mpirun number local ranks.
+Device localDevice(const DistributedConfig& config) {
+  std::string why;
+  int count = device::cudaDeviceCount(&why);
+  if (count == 0) {
+    throw BackendError(makeString("init: the NCCL backend (DISTRIBUTED_BACKEND=nccl) needs a GPU on rank ", config.rank,
+                                  ", but ", why, ". Use DISTRIBUTED_BACKEND=cpu (BackendType.CPU), which also trains GPU models"));
+  }
+  if (config.localRank >= count) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    throw BackendError(makeString(
+        "init: rank ", config.rank, " has LOCAL_RANK=", config.localRank, " but this host shows ", count, " GPU",
+        count == 1 ? "" : "s", " (CUDA_VISIBLE_DEVICES=", visible ? visible : "<unset>",
+        "). Start at most one rank per GPU (nproc_per_node <= GPUs), or use DISTRIBUTED_BACKEND=cpu, which lets "
+        "several ranks share a GPU"));
+  }
+  return Device{DeviceType::CUDA, config.localRank};
+}
+
+}  // namespace
+
+NcclBackend::NcclBackend(const DistributedConfig& config) : Backend(config) {
+  device_ = localDevice(config);
+  api_ = &device::cudaApi();
+  DistributedConfig cpuConfig = config;
+  cpuConfig.backend = BackendType::CPU;
+  cpu_ = std::make_shared<CpuBackend>(cpuConfig);  // the rendezvous; throws its own clear errors
+  try {
+    checkDuplicateGpu();
+    // Rank 0's unique id reaches the others over the TCP ring.
+    Tensor id = Tensor::zeros({128}, DType::Int32);  // 512 bytes >= NCCL_UNIQUE_ID_BYTES
+    std::string mine;
+    if (config.rank == 0) {
+      device::check(api_->ncclUniqueId(&mine));
+      CYX_CHECK(mine.size() <= id.nbytes(), "NCCL unique id of ", mine.size(), " bytes does not fit");
+      std::memcpy(id.rawData(), mine.data(), mine.size());
+    }
+    cpu_->broadcast(id, 0, false)->wait();
+    std::string uniqueId(static_cast<const char*>(id.rawData()), 128);  // NCCL_UNIQUE_ID_BYTES
+    const auto deadline = Clock::now() + std::chrono::milliseconds(config.timeoutMs);
+    cuda::Status s = api_->ncclInit(device_.index, config.worldSize, config.rank, uniqueId, &comm_);
+    if (!s.empty()) fail("init: ncclCommInitRankConfig failed: " + s, false);
+    awaitComm("init (NCCL communicator setup)", deadline);
+    // Every communicator is up before anyone returns: a peer that failed its init fails the job here.
+    cpu_->barrier(false)->wait();
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+  logInfo(makeString("NCCL backend ready on ", device_.str(), " (NCCL ", api_->ncclVersion(), ")"));
+}
+
+NcclBackend::~NcclBackend() { shutdown(); }
+
+std::string NcclBackend::where() const {
+  return makeString("rank ", config_.rank, "/", config_.worldSize, " on ", device_.str());
+}
+
+void NcclBackend::checkDuplicateGpu() {
+  // Two ranks of one host on one GPU: NCCL would fail later with "Duplicate GPU detected"; say who and why now.
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  std::string key = makeString(host, "|", visible ? visible : "", "|", device_.index);
+  std::vector<std::string> keys = ddp::allGatherStrings(*cpu_, key);
+  for (int r = 0; r < config_.worldSize; ++r) {
+    if (r != config_.rank && keys[static_cast<size_t>(r)] == key) {
+      throw BackendError(makeString(
+          "init: ranks ", std::min(r, config_.rank), " and ", std::max(r, config_.rank), " both use ", device_.str(),
+          " on host ", host, " (LOCAL_RANK=", config_.localRank, ", CUDA_VISIBLE_DEVICES=", visible ? visible : "<unset>",
+          "): NCCL needs one GPU per rank. Give each rank its own LOCAL_RANK (torchrun and the launcher do), start no more "
+          "ranks per host than GPUs, or use DISTRIBUTED_BACKEND=cpu to share a GPU"));
+    }
+  }
+}
+
+void NcclBackend::fail(const std::string& message, bool timeout) {
+  std::string full = makeString("[", where(), "] ", message);
+  if (comm_) api_->ncclAbort(comm_);  // unblocks this rank's kernels; peers see the abort as an error
+  comm_ = nullptr;
+  std::exception_ptr error = timeout ? std::make_exception_ptr(TimeoutError(full))
+                                     : std::make_exception_ptr(BackendError(full));
+  if (!broken_) broken_ = error;
+  std::rethrow_exception(error);
+}
+
+void NcclBackend::checkUsable(const char* what) {
+  if (broken_) std::rethrow_exception(broken_);
+  CYX_CHECK(comm_, what, ": the NCCL backend is shut down");
+}
+
+void NcclBackend::awaitComm(const std::string& what, Clock::time_point deadline) {
+  auto nap = std::chrono::microseconds(20);
+  auto lastInterruptCheck = Clock::now();
+  for (;;) {
+    bool inProgress = false;
+    cuda::Status s = api_->ncclState(comm_, &inProgress);
+    if (!s.empty()) fail(what + ": " + s, false);
+    if (!inProgress) return;
+    const auto now = Clock::now();
+    if (now > deadline) {
+      fail(makeString(what, " did not finish within DISTRIBUTED_TIMEOUT_MS=", config_.timeoutMs,
+                      " ms: a peer rank is not taking part (stopped, crashed, or calling another collective). "
+                      "The NCCL communicator was aborted; check the other ranks' output"),
+           true);
+    }
+    if (now - lastInterruptCheck > std::chrono::milliseconds(100)) {
+      lastInterruptCheck = now;
+      throwIfInterrupted(what.c_str());
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
+}
+
+void NcclBackend::awaitEvent(void* event, const std::string& what, Clock::time_point deadline) {
+  auto nap = std::chrono::microseconds(10);
+  auto lastInterruptCheck = Clock::now();
+  for (;;) {
+    bool done = false;
+    cuda::Status s = api_->eventQuery(event, &done);
+    if (!s.empty()) fail(what + ": " + s, false);
+    if (done) return;
+    // A peer's failure shows up as the communicator's asynchronous error while our kernel waits.
+    bool inProgress = false;
+    s = api_->ncclState(comm_, &inProgress);
+    if (!s.empty()) fail(what + ": " + s, false);
+    const auto now = Clock::now();
+    if (now > deadline) {
+      fail(makeString(what, " did not complete within DISTRIBUTED_TIMEOUT_MS=", config_.timeoutMs,
+                      " ms: a peer rank is not calling it (stopped, crashed, or in another collective). "
+                      "The NCCL communicator was aborted; check the other ranks' output"),
+           true);
+    }
+    if (now - lastInterruptCheck > std::chrono::milliseconds(100)) {
+      lastInterruptCheck = now;
+      throwIfInterrupted(what.c_str());
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(500));
+  }
+}
+
+std::shared_ptr<Work> NcclBackend::enqueue(CallSignature call, const Tensor& send, const Tensor& recv,
+                                           cuda::CollectiveKind kind, bool async) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  checkUsable(collectiveName(call.collective));
+  call.sequence = ++sequence_;
+  auto work = std::make_shared<Work>(call, config_.rank, config_.worldSize);
+  const std::string what = makeString(collectiveName(call.collective), " #", call.sequence, " (", dtypeName(call.dtype),
+                                      ", ", call.count, " elements)");
+  const auto deadline = Clock::now() + std::chrono::milliseconds(config_.timeoutMs);
+  // The collective starts after the kernels that produced its input, on the communication stream.
+  device::check(api_->commWaitsForCompute(device_.index));
+  cuda::Status s = api_->ncclCollective(comm_, device_.index, kind, send.rawData(), recv.rawData(),
+                                        static_cast<size_t>(kind == cuda::CollectiveKind::ReduceScatter ? recv.numel()
+                                                                                                      : send.numel()),
+                                        elemType(call.dtype), reduceKind(call.op), static_cast<int>(call.root));
+  if (!s.empty()) fail(what + ": " + s, false);
+  awaitComm(what, deadline);
+  void* event = nullptr;
+  device::check(api_->recordCommEvent(device_.index, &event));
+  // The compute stream does not wait here, so the rest of backward overlaps the collective; wait()
+  // sees the event complete on the host, and every kernel launched after that is ordered after it.
+  lock.unlock();
+  std::shared_ptr<void> holder(event, [api = api_](void* e) { api->eventRelease(e); });
+  // Keep the tensors alive until the collective is done.
+  work->setPoller([this, holder, what, deadline, send, recv](bool block) {
+    bool done = false;
+    device::check(api_->eventQuery(holder.get(), &done));
+    if (done || !block) return done;
+    std::lock_guard<std::mutex> guard(mutex_);
+    checkUsable(what.c_str());
+    awaitEvent(holder.get(), what, deadline);
+    return true;
+  });
+  if (!async) work->wait();
+  return work;
+}
+
+std::shared_ptr<Work> NcclBackend::allReduce(const Tensor& data, ReduceOp op, bool async) {
+  if (!data.isCuda()) return cpu_->allReduce(data, op, async);
+  return enqueue(signature(Collective::AllReduce, data, op), data, data, cuda::CollectiveKind::AllReduce, async);
+}
+
+std::shared_ptr<Work> NcclBackend::broadcast(const Tensor& data, int src, bool async) {
+  if (!data.isCuda()) return cpu_->broadcast(data, src, async);
+  CYX_CHECK(src >= 0 && src < config_.worldSize, "broadcast: src=", src, " is not a rank: expected 0..", config_.worldSize - 1);
+  return enqueue(signature(Collective::Broadcast, data, ReduceOp::Sum, src), data, data, cuda::CollectiveKind::Broadcast,
+                 async);
+}
+
+std::shared_ptr<Work> NcclBackend::allGather(const Tensor& in, const Tensor& out, bool async) {
+  if (!in.isCuda() && !out.isCuda()) return cpu_->allGather(in, out, async);
+  CYX_CHECK(in.isCuda() && out.isCuda() && in.device() == out.device(),
+            "all_gather: input and output must both be on ", device_.str(), " for the nccl backend");
+  CYX_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * config_.worldSize,
+            "all_gather: the output must hold world_size x ", in.numel(), " elements of ", dtypeName(in.dtype()));
+  return enqueue(signature(Collective::AllGather, in), in, out, cuda::CollectiveKind::AllGather, async);
+}
+
+std::shared_ptr<Work> NcclBackend::reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+  if (!in.isCuda() && !out.isCuda()) return cpu_->reduceScatter(in, out, op, async);
+  CYX_CHECK(in.isCuda() && out.isCuda() && in.device() == out.device(),
+            "reduce_scatter: input and output must both be on ", device_.str(), " for the nccl backend");
+  const int64_t n = in.numel(), world = config_.worldSize;
+  // Parts as numpy.array_split makes them: the first n % world ranks hold one element more.
+  const int64_t begin = config_.rank * (n / world) + std::min<int64_t>(config_.rank, n % world);
+  const int64_t part = n / world + (config_.rank < n % world ? 1 : 0);
+  CYX_CHECK(out.dtype() == in.dtype() && out.numel() == part, "reduce_scatter: the output must hold this rank's part, ",
+            part, " elements of ", dtypeName(in.dtype()));
+  if (n % world == 0) {
+    return enqueue(signature(Collective::ReduceScatter, in, op), in, out, cuda::CollectiveKind::ReduceScatter, async);
+  }
+  // NCCL needs equal parts: reduce everything, keep this rank's slice.
+  Tensor reduced = in.clone();
+  enqueue(signature(Collective::ReduceScatter, in, op), reduced, reduced, cuda::CollectiveKind::AllReduce, false);
+  Tensor(out).copyFrom(reduced.view(begin, out.shape()));
+  auto work = std::make_shared<Work>(signature(Collective::ReduceScatter, in, op), config_.rank, config_.worldSize);
+  work->finish();
+  return work;
+}
+
+std::shared_ptr<Work> NcclBackend::barrier(bool async) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    checkUsable("barrier");
+  }
+  // Host-level and bounded by the timeout; device work queued before it is not waited for, as in c10d.
+  return cpu_->barrier(async);
+}
+
+void NcclBackend::shutdown() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (comm_) {
+    api_->ncclDestroy(comm_);
+    comm_ = nullptr;
+  }
+  if (cpu_) cpu_->shutdown();
+}
+
+}  // namespace cyxwiz::comm

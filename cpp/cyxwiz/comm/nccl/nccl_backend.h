@@ -1,0 +1,61 @@
+// NcclBackend: collectives between GPUs through NCCL, one communicator per process on cuda:LOCAL_RANK.
+//
+// Rendezvous and everything on host memory go through an inner CpuBackend (the TCP store and ring):
+// rank 0's NCCL unique id travels as a broadcast over it, and host tensors (DDP's architecture check,
+// the trainer's metrics) keep working unchanged. Device tensors go to NCCL.
+//
+// Nothing blocks forever: the communicator is non-blocking, every wait polls its asynchronous error
+// and gives up after DISTRIBUTED_TIMEOUT_MS by aborting it (ncclCommAbort returns every rank's
+// stuck kernels), so a dead or absent peer becomes an error, not a hang, as PyTorch's watchdog does.
+// The first error breaks the backend; later calls fail at once with it.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "cyxwiz/comm/backend.h"
+#include "cyxwiz/cuda/api.h"
+
+namespace cyxwiz::comm {
+
+class CpuBackend;
+
+class NcclBackend final : public Backend {
+ public:
+  explicit NcclBackend(const DistributedConfig& config);
+  ~NcclBackend() override;
+
+  std::string name() const override { return "nccl"; }
+  Device device() const { return device_; }
+  std::shared_ptr<Work> allReduce(const Tensor& data, ReduceOp op, bool async) override;
+  std::shared_ptr<Work> broadcast(const Tensor& data, int src, bool async) override;
+  std::shared_ptr<Work> allGather(const Tensor& in, const Tensor& out, bool async) override;
+  std::shared_ptr<Work> reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;
+  std::shared_ptr<Work> barrier(bool async) override;
+  void shutdown() override;
+
+  // Polls until the communicator has finished enqueuing (or initialising); aborts it and throws on
+  // error or when `deadline` passes. `what` names the operation in the message.
+  void awaitComm(const std::string& what, std::chrono::steady_clock::time_point deadline);
+  // Polls `event` the same way; used by the collectives' Work.
+  void awaitEvent(void* event, const std::string& what, std::chrono::steady_clock::time_point deadline);
+
+ private:
+  std::shared_ptr<Work> enqueue(CallSignature call, const Tensor& send, const Tensor& recv, cuda::CollectiveKind kind,
+                                bool async);
+  void checkDuplicateGpu();
+  void checkUsable(const char* what);
+  [[noreturn]] void fail(const std::string& message, bool timeout);
+  std::string where() const;  // "rank 1/4 on cuda:1"
+
+  std::shared_ptr<CpuBackend> cpu_;
+  cuda::Api* api_ = nullptr;
+  Device device_;
+  void* comm_ = nullptr;
+  std::mutex mutex_;  // one collective enqueued at a time
+  uint64_t sequence_ = 0;
+  std::exception_ptr broken_;
+};
+
+}  // namespace cyxwiz::comm

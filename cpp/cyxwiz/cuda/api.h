@@ -1,0 +1,157 @@
+// The boundary between the engine (_core, never linked against CUDA) and libcyxwiz_cuda.so, the
+// CUDA library that _core opens on first use (cyxwiz/cuda/loader.h).
+//
+// Why an interface of raw pointers and status strings: the two libraries are separate shared objects
+// with hidden symbols, so nothing may cross it that needs shared type identity (exceptions, RTTI,
+// engine classes). Every method is noexcept and returns an empty Status on success or a message
+// naming the failing CUDA/cuBLAS/NCCL call and its error string; _core turns that into an exception.
+//
+// Streams: the library keeps one compute stream and one communication stream per device. Every
+// method that takes `dev` runs on that device's compute stream, in call order. Memory is
+// stream-ordered (cudaMallocAsync pool), so freeing a buffer whose kernels are still queued is safe.
+// Matrices are row-major, as in blas::sgemm.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace cyxwiz::cuda {
+
+// Bumped on any change below; _core refuses a library of another version.
+constexpr int kApiVersion = 1;
+
+using Status = std::string;  // empty: success
+
+enum class CopyKind : int { HostToDevice = 0, DeviceToHost = 1, DeviceToDevice = 2 };
+enum class Activation : int { ReLU = 0, GELU = 1, Sigmoid = 2, Tanh = 3 };
+// Same order as cyxwiz::DType and cyxwiz::comm::ReduceOp.
+enum class ElemType : int { Float32 = 0, Float64 = 1, Int32 = 2, Int64 = 3 };
+enum class ReduceKind : int { Sum = 0, Avg = 1, Max = 2, Min = 3, Product = 4 };
+enum class CollectiveKind : int { AllReduce = 0, Broadcast = 1, AllGather = 2, ReduceScatter = 3 };
+
+struct DeviceProperties {
+  std::string name;
+  int major = 0, minor = 0;  // compute capability
+  size_t totalMemory = 0;
+  int multiProcessors = 0;
+};
+
+class Api {
+ public:
+  virtual ~Api() = default;
+  virtual int apiVersion() const noexcept = 0;
+
+  // What this library was built with: CUDA runtime (e.g. 13000), NCCL (e.g. 23203), cuBLAS
+  // (e.g. 130100) and the compiled architectures ("90;100").
+  virtual int cudaRuntimeVersion() const noexcept = 0;
+  virtual int ncclVersion() const noexcept = 0;
+  virtual int cublasVersion() const noexcept = 0;
+  virtual const char* architectures() const noexcept = 0;
+
+  // ---- devices ----
+  // Fails (with the runtime's text) when there is no driver or no device; 0 devices is not a failure.
+  virtual Status deviceCount(int* count) noexcept = 0;
+  virtual Status driverVersion(int* version) noexcept = 0;
+  virtual Status deviceProperties(int dev, DeviceProperties* out) noexcept = 0;
+  // The device owning `ptr`, or -1 for host memory (for __cuda_array_interface__ producers).
+  virtual Status pointerDevice(const void* ptr, int* dev) noexcept = 0;
+
+  // ---- memory ----
+  virtual Status malloc(int dev, size_t bytes, void** out) noexcept = 0;
+  virtual void free(int dev, void* ptr) noexcept = 0;  // stream-ordered; errors ignored (process exit)
+  virtual Status mallocHost(size_t bytes, void** out) noexcept = 0;  // pinned
+  virtual void freeHost(void* ptr) noexcept = 0;
+  // On dev's compute stream. DeviceToHost returns once the bytes are on the host; HostToDevice returns
+  // once `src` may be reused.
+  virtual Status copy(int dev, void* dst, const void* src, size_t bytes, CopyKind kind) noexcept = 0;
+  virtual Status memsetZero(int dev, void* dst, size_t bytes) noexcept = 0;
+  virtual Status fill(int dev, float* dst, int64_t n, float value) noexcept = 0;
+  // Waits for the compute stream; `*done` without waiting.
+  virtual Status synchronize(int dev) noexcept = 0;
+  virtual Status query(int dev, bool* done) noexcept = 0;
+
+  // ---- math, float32, on the compute stream ----
+  // TF32 tensor-core GEMMs (off by default: results comparable with the CPU engine).
+  virtual void setTF32(bool enabled) noexcept = 0;
+  // C = alpha * op(A) op(B) + beta * C, row-major, as blas::sgemm.
+  virtual Status gemm(int dev, bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) noexcept = 0;
+  // out[r, :] = row for every r (seeds a linear layer's output with its bias).
+  virtual Status broadcastRows(int dev, const float* row, float* out, int64_t rows, int64_t cols) noexcept = 0;
+  // out[j] += sum_r g[r, j] (bias gradient).
+  virtual Status addColumnSums(int dev, const float* g, float* out, int64_t rows, int64_t cols) noexcept = 0;
+  // y = f(x); dx = g * f'(x), f' evaluated at the layer input x. Formulas as the CPU modules.
+  virtual Status activationForward(int dev, Activation f, const float* x, float* y, int64_t n) noexcept = 0;
+  virtual Status activationBackward(int dev, Activation f, const float* x, const float* g, float* dx, int64_t n) noexcept = 0;
+  // out = a * b element-wise.
+  virtual Status multiply(int dev, const float* a, const float* b, float* out, int64_t n) noexcept = 0;
+  // mask[i] = (uniform(seed, i) < keep) ? 1/keep : 0; y = x * mask. Counter-based RNG: the same seed
+  // gives the same mask.
+  virtual Status dropoutForward(int dev, const float* x, float* y, float* mask, int64_t n, float keep,
+                                uint64_t seed) noexcept = 0;
+  virtual Status softmaxForward(int dev, const float* x, float* y, int64_t rows, int64_t cols) noexcept = 0;
+  // dx = y * (g - sum_c g * y), per row.
+  virtual Status softmaxBackward(int dev, const float* y, const float* g, float* dx, int64_t rows,
+                                 int64_t cols) noexcept = 0;
+  // Softmax cross-entropy over rows of `logits`; the target is either `labels` (int64 class indices,
+  // already range-checked) or `probs` (float32 rows); the other is null. Forward writes the batch mean
+  // into `*loss` on the host (a synchronising read); backward writes d(mean)/d(logits) into `grad`.
+  virtual Status crossEntropyForward(int dev, const float* logits, const int64_t* labels, const float* probs,
+                                     int64_t rows, int64_t classes, double* loss) noexcept = 0;
+  virtual Status crossEntropyBackward(int dev, const float* logits, const int64_t* labels, const float* probs,
+                                      float* grad, int64_t rows, int64_t classes) noexcept = 0;
+  // mean((y - t)^2) into `*loss` on the host; grad = 2 (y - t) / n.
+  virtual Status mseForward(int dev, const float* y, const float* t, int64_t n, double* loss) noexcept = 0;
+  virtual Status mseBackward(int dev, const float* y, const float* t, float* grad, int64_t n) noexcept = 0;
+  // Rows whose argmax (first maximum) equals the label / the target row's argmax, into `*correct` (host).
+  virtual Status countCorrect(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
+                              int64_t classes, int64_t* correct) noexcept = 0;
+
+  // ---- fused optimizers over one flat buffer (formulas as nn/sgd.cpp and nn/adam.cpp) ----
+  // buf null: p -= lr (g + wd p). Else buf = mu buf + (g + wd p); p -= lr (nesterov ? g' + mu buf : buf).
+  virtual Status sgdStep(int dev, float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
+                         float weightDecay, bool nesterov) noexcept = 0;
+  // g' = g + l2 p; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2; p = p decay - stepSize m / (sqrt(v) invSqrtBc2 + eps).
+  virtual Status adamStep(int dev, float* p, const float* g, float* m, float* v, int64_t n, float stepSize, float b1,
+                          float b2, float eps, float invSqrtBc2, float l2, float decay) noexcept = 0;
+
+  // ---- CUDA graphs of the compute stream ----
+  virtual Status graphBeginCapture(int dev) noexcept = 0;
+  virtual Status graphEndCapture(int dev, void** graphExec) noexcept = 0;
+  virtual Status graphLaunch(int dev, void* graphExec) noexcept = 0;
+  virtual void graphDestroy(void* graphExec) noexcept = 0;
+
+  // ---- events between the compute and the communication stream ----
+  // Records an event on dev's compute stream and makes its communication stream wait for it.
+  virtual Status commWaitsForCompute(int dev) noexcept = 0;
+  // Makes dev's compute stream wait for `event` (from a collective).
+  virtual Status computeWaitsFor(int dev, void* event) noexcept = 0;
+  virtual Status eventQuery(void* event, bool* done) noexcept = 0;
+  virtual void eventRelease(void* event) noexcept = 0;
+
+  // ---- NCCL (communicators are non-blocking: poll after init and after each call) ----
+  virtual Status ncclUniqueId(std::string* id) noexcept = 0;  // NCCL_UNIQUE_ID_BYTES bytes
+  // Starts ncclCommInitRankConfig(blocking=0) on `dev`; poll ncclState until ready.
+  virtual Status ncclInit(int dev, int nranks, int rank, const std::string& id, void** comm) noexcept = 0;
+  // *inProgress: an operation (init or the last collective) is still being set up. A failure on the
+  // communicator (a peer gone, an abort) returns its error.
+  virtual Status ncclState(void* comm, bool* inProgress) noexcept = 0;
+  // Enqueues a collective on dev's communication stream (call commWaitsForCompute first). A
+  // non-blocking communicator may still be enqueuing when this returns: poll ncclState until it is
+  // not in progress, then recordCommEvent. AllGather: recv holds nranks * count elements.
+  // ReduceScatter: send holds nranks * count, recv count. Broadcast: root's send into every recv.
+  virtual Status ncclCollective(void* comm, int dev, CollectiveKind kind, const void* send, void* recv, size_t count,
+                                ElemType type, ReduceKind op, int root) noexcept = 0;
+  // An event recorded on dev's communication stream after everything enqueued so far.
+  virtual Status recordCommEvent(int dev, void** event) noexcept = 0;
+  // Aborts in-flight work: every rank's blocked kernels return, the communicator is unusable after.
+  virtual void ncclAbort(void* comm) noexcept = 0;
+  // Finalizes (bounded wait) and destroys; aborts instead when finalizing does not finish.
+  virtual void ncclDestroy(void* comm) noexcept = 0;
+};
+
+}  // namespace cyxwiz::cuda
+
+// The one symbol libcyxwiz_cuda.so exports: a process-wide Api, or null with `*error` set.
+extern "C" cyxwiz::cuda::Api* cyxwiz_cuda_api(int expectedVersion, const char** error);

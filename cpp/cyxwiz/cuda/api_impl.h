@@ -1,0 +1,80 @@
+// The one implementation of cuda::Api. Its methods are defined by topic across the .cu/.cpp files
+// of this directory (memory.cpp, blas.cu, kernels_*.cu, graphs.cpp, nccl.cpp, api_impl.cpp).
+#pragma once
+
+#include "cyxwiz/cuda/api.h"
+
+namespace cyxwiz::cuda {
+
+class ApiImpl final : public Api {
+ public:
+  int apiVersion() const noexcept override;
+  int cudaRuntimeVersion() const noexcept override;
+  int ncclVersion() const noexcept override;
+  int cublasVersion() const noexcept override;
+  const char* architectures() const noexcept override;
+
+  Status deviceCount(int* count) noexcept override;
+  Status driverVersion(int* version) noexcept override;
+  Status deviceProperties(int dev, DeviceProperties* out) noexcept override;
+  Status pointerDevice(const void* ptr, int* dev) noexcept override;
+
+  Status malloc(int dev, size_t bytes, void** out) noexcept override;
+  void free(int dev, void* ptr) noexcept override;
+  Status mallocHost(size_t bytes, void** out) noexcept override;
+  void freeHost(void* ptr) noexcept override;
+  Status copy(int dev, void* dst, const void* src, size_t bytes, CopyKind kind) noexcept override;
+  Status memsetZero(int dev, void* dst, size_t bytes) noexcept override;
+  Status fill(int dev, float* dst, int64_t n, float value) noexcept override;
+  Status synchronize(int dev) noexcept override;
+  Status query(int dev, bool* done) noexcept override;
+
+  void setTF32(bool enabled) noexcept override;
+  Status gemm(int dev, bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+              int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) noexcept override;
+  Status broadcastRows(int dev, const float* row, float* out, int64_t rows, int64_t cols) noexcept override;
+  Status addColumnSums(int dev, const float* g, float* out, int64_t rows, int64_t cols) noexcept override;
+  Status activationForward(int dev, Activation f, const float* x, float* y, int64_t n) noexcept override;
+  Status activationBackward(int dev, Activation f, const float* x, const float* g, float* dx,
+                            int64_t n) noexcept override;
+  Status multiply(int dev, const float* a, const float* b, float* out, int64_t n) noexcept override;
+  Status dropoutForward(int dev, const float* x, float* y, float* mask, int64_t n, float keep,
+                        uint64_t seed) noexcept override;
+  Status softmaxForward(int dev, const float* x, float* y, int64_t rows, int64_t cols) noexcept override;
+  Status softmaxBackward(int dev, const float* y, const float* g, float* dx, int64_t rows,
+                         int64_t cols) noexcept override;
+  Status crossEntropyForward(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
+                             int64_t classes, double* loss) noexcept override;
+  Status crossEntropyBackward(int dev, const float* logits, const int64_t* labels, const float* probs, float* grad,
+                              int64_t rows, int64_t classes) noexcept override;
+  Status mseForward(int dev, const float* y, const float* t, int64_t n, double* loss) noexcept override;
+  Status mseBackward(int dev, const float* y, const float* t, float* grad, int64_t n) noexcept override;
+  Status countCorrect(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
+                      int64_t classes, int64_t* correct) noexcept override;
+
+  Status sgdStep(int dev, float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
+                 float weightDecay, bool nesterov) noexcept override;
+  Status adamStep(int dev, float* p, const float* g, float* m, float* v, int64_t n, float stepSize, float b1,
+                  float b2, float eps, float invSqrtBc2, float l2, float decay) noexcept override;
+
+  Status graphBeginCapture(int dev) noexcept override;
+  Status graphEndCapture(int dev, void** graphExec) noexcept override;
+  Status graphLaunch(int dev, void* graphExec) noexcept override;
+  void graphDestroy(void* graphExec) noexcept override;
+
+  Status commWaitsForCompute(int dev) noexcept override;
+  Status computeWaitsFor(int dev, void* event) noexcept override;
+  Status eventQuery(void* event, bool* done) noexcept override;
+  void eventRelease(void* event) noexcept override;
+
+  Status ncclUniqueId(std::string* id) noexcept override;
+  Status ncclInit(int dev, int nranks, int rank, const std::string& id, void** comm) noexcept override;
+  Status ncclState(void* comm, bool* inProgress) noexcept override;
+  Status ncclCollective(void* comm, int dev, CollectiveKind kind, const void* send, void* recv, size_t count,
+                        ElemType type, ReduceKind op, int root) noexcept override;
+  Status recordCommEvent(int dev, void** event) noexcept override;
+  void ncclAbort(void* comm) noexcept override;
+  void ncclDestroy(void* comm) noexcept override;
+};
+
+}  // namespace cyxwiz::cuda

@@ -1,0 +1,91 @@
+// CUDA graphs of the compute stream, and the events that order the compute and communication
+// streams around collectives.
+#include <cuda_runtime_api.h>
+
+#include "cyxwiz/cuda/api_impl.h"
+#include "cyxwiz/cuda/errors.h"
+#include "cyxwiz/cuda/state.h"
+
+namespace cyxwiz::cuda {
+
+Status ApiImpl::graphBeginCapture(int dev) noexcept {
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  // Thread-local: other threads driving other devices may keep making unsafe calls (cudaMalloc...)
+  // without invalidating this capture.
+  CX_CUDA_TRY(dev, "cudaStreamBeginCapture", cudaStreamBeginCapture(s->compute, cudaStreamCaptureModeThreadLocal));
+  return {};
+}
+
+Status ApiImpl::graphEndCapture(int dev, void** graphExec) noexcept {
+  *graphExec = nullptr;
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  cudaGraph_t graph = nullptr;
+  CX_CUDA_TRY(dev, "cudaStreamEndCapture", cudaStreamEndCapture(s->compute, &graph));
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);  // the executable graph is independent of it
+  if (e != cudaSuccess) return cudaFailure("cudaGraphInstantiate", dev, e);
+  *graphExec = exec;
+  return {};
+}
+
+Status ApiImpl::graphLaunch(int dev, void* graphExec) noexcept {
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  CX_CUDA_TRY(dev, "cudaGraphLaunch", cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphExec), s->compute));
+  return {};
+}
+
+void ApiImpl::graphDestroy(void* graphExec) noexcept {
+  if (graphExec && cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graphExec)) != cudaSuccess) cudaGetLastError();
+}
+
+Status ApiImpl::commWaitsForCompute(int dev) noexcept {
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  // One event per device suffices: cudaStreamWaitEvent waits for the record made just before it,
+  // whatever later records do.
+  std::lock_guard<std::mutex> lock(s->mutex);
+  CX_CUDA_TRY(dev, "cudaEventRecord", cudaEventRecord(s->computeMark, s->compute));
+  CX_CUDA_TRY(dev, "cudaStreamWaitEvent", cudaStreamWaitEvent(s->comm, s->computeMark, 0));
+  return {};
+}
+
+Status ApiImpl::computeWaitsFor(int dev, void* event) noexcept {
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  CX_CUDA_TRY(dev, "cudaStreamWaitEvent", cudaStreamWaitEvent(s->compute, static_cast<cudaEvent_t>(event), 0));
+  return {};
+}
+
+Status ApiImpl::recordCommEvent(int dev, void** event) noexcept {
+  *event = nullptr;
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  cudaEvent_t ev = nullptr;
+  CX_CUDA_TRY(dev, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  cudaError_t e = cudaEventRecord(ev, s->comm);
+  if (e != cudaSuccess) {
+    cudaEventDestroy(ev);
+    return cudaFailure("cudaEventRecord", dev, e);
+  }
+  *event = ev;
+  return {};
+}
+
+Status ApiImpl::eventQuery(void* event, bool* done) noexcept {
+  *done = false;
+  cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (e == cudaErrorNotReady) return {};
+  if (e != cudaSuccess) return cudaFailure("cudaEventQuery", -1, e);
+  *done = true;
+  return {};
+}
+
+void ApiImpl::eventRelease(void* event) noexcept {
+  if (event && cudaEventDestroy(static_cast<cudaEvent_t>(event)) != cudaSuccess) cudaGetLastError();
+}
+
+}  // namespace cyxwiz::cuda

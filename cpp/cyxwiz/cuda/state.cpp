@@ -1,0 +1,83 @@
+#include "cyxwiz/cuda/state.h"
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <new>
+
+#include "cyxwiz/cuda/errors.h"
+
+namespace cyxwiz::cuda {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+// cuBLAS's recommended workspace for Hopper and later (4 MiB suffices before); given explicitly so
+// that captured graphs reuse it instead of cuBLAS allocating one per capture.
+constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
+
+std::array<std::atomic<DeviceState*>, kMaxDevices> gStates{};
+std::mutex gCreateMutex;
+
+void release(DeviceState* s) noexcept {
+  if (s->blas) cublasDestroy(s->blas);
+  if (s->blasWorkspace) cudaFree(s->blasWorkspace);
+  if (s->scratch) cudaFree(s->scratch);
+  if (s->host) cudaFreeHost(s->host);
+  if (s->computeMark) cudaEventDestroy(s->computeMark);
+  if (s->compute) cudaStreamDestroy(s->compute);
+  if (s->comm) cudaStreamDestroy(s->comm);
+  delete s;
+}
+
+Status create(int dev, DeviceState* s) noexcept {
+  s->dev = dev;
+  // Keep freed pool memory cached instead of returning it at every synchronisation: with this,
+  // cudaMallocAsync/cudaFreeAsync behave as a caching allocator.
+  cudaMemPool_t pool = nullptr;
+  CX_CUDA_TRY(dev, "cudaDeviceGetDefaultMemPool", cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t threshold = UINT64_MAX;
+  CX_CUDA_TRY(dev, "cudaMemPoolSetAttribute", cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  // Non-blocking: no implicit synchronisation with the legacy default stream other code may use.
+  CX_CUDA_TRY(dev, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&s->compute, cudaStreamNonBlocking));
+  CX_CUDA_TRY(dev, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&s->comm, cudaStreamNonBlocking));
+  CX_CUDA_TRY(dev, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&s->computeMark, cudaEventDisableTiming));
+  CX_CUDA_TRY(dev, "cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&s->scratch), sizeof(DeviceScratch)));
+  CX_CUDA_TRY(dev, "cudaMallocHost", cudaMallocHost(reinterpret_cast<void**>(&s->host), sizeof(HostScalars)));
+  CX_CUDA_TRY(dev, "cudaMalloc", cudaMalloc(&s->blasWorkspace, kBlasWorkspaceBytes));
+  CX_CUBLAS_TRY(dev, "cublasCreate", cublasCreate(&s->blas));
+  CX_CUBLAS_TRY(dev, "cublasSetStream", cublasSetStream(s->blas, s->compute));
+  CX_CUBLAS_TRY(dev, "cublasSetWorkspace", cublasSetWorkspace(s->blas, s->blasWorkspace, kBlasWorkspaceBytes));
+  // alpha and beta are host scalars.
+  CX_CUBLAS_TRY(dev, "cublasSetPointerMode", cublasSetPointerMode(s->blas, CUBLAS_POINTER_MODE_HOST));
+  return {};
+}
+
+}  // namespace
+
+Status useDevice(int dev, DeviceState** out) noexcept {
+  *out = nullptr;
+  if (dev < 0 || dev >= kMaxDevices) return "cuda:" + std::to_string(dev) + " is not a valid device index";
+  CX_CUDA_TRY(dev, "cudaSetDevice", cudaSetDevice(dev));
+  DeviceState* s = gStates[dev].load(std::memory_order_acquire);
+  if (s) {
+    *out = s;
+    return {};
+  }
+  std::lock_guard<std::mutex> lock(gCreateMutex);
+  s = gStates[dev].load(std::memory_order_acquire);
+  if (!s) {
+    s = new (std::nothrow) DeviceState;
+    if (!s) return "cuda:" + std::to_string(dev) + ": out of host memory for the device state";
+    Status st = create(dev, s);
+    if (!st.empty()) {
+      release(s);  // nothing cached: the next call tries again
+      return st;
+    }
+    gStates[dev].store(s, std::memory_order_release);
+  }
+  *out = s;
+  return {};
+}
+
+}  // namespace cyxwiz::cuda

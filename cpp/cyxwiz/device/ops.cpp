@@ -1,0 +1,54 @@
+#include "cyxwiz/device/ops.h"
+
+#include <algorithm>
+
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
+#include "cyxwiz/tensor/blas.h"
+
+namespace cyxwiz::ops {
+
+void gemm(const Device& device, bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (device.type == DeviceType::CUDA) {
+    CYX_CUDA(gemm(device.index, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+  } else {
+    blas::sgemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
+void broadcastRows(const Device& device, const float* row, float* out, int64_t rows, int64_t cols) {
+  if (device.type == DeviceType::CUDA) {
+    CYX_CUDA(broadcastRows(device.index, row, out, rows, cols));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) std::copy(row, row + cols, out + r * cols);
+}
+
+void addColumnSums(const Device& device, const float* g, float* out, int64_t rows, int64_t cols) {
+  if (device.type == DeviceType::CUDA) {
+    CYX_CUDA(addColumnSums(device.index, g, out, rows, cols));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = g + r * cols;
+    for (int64_t j = 0; j < cols; ++j) out[j] += row[j];
+  }
+}
+
+void gpuActivation(const Tensor& x, Tensor& y, cuda::Activation f) {
+  CYX_CUDA(activationForward(x.device().index, f, x.deviceData<float>(), y.deviceData<float>(), x.numel()));
+}
+
+void gpuActivationGrad(const Tensor& x, const Tensor& g, Tensor& dx, cuda::Activation f) {
+  requireSameDevice(x, g, "backward");
+  CYX_CUDA(activationBackward(g.device().index, f, x.deviceData<float>(), g.deviceData<float>(), dx.deviceData<float>(),
+                              g.numel()));
+}
+
+void requireSameDevice(const Tensor& a, const Tensor& b, const char* who) {
+  CYX_CHECK(a.device() == b.device(), who, ": tensors on ", a.device().str(), " and ", b.device().str(),
+            " cannot be combined; move the model and its inputs to one device with model.to(...)");
+}
+
+}  // namespace cyxwiz::ops
