@@ -36,6 +36,7 @@ from ._core import (  # noqa: F401
     __version__,
     accuracy,
     build_info,
+    cuda,
     get_num_threads,
     get_rng_state,
     manual_seed,
