@@ -53,7 +53,7 @@ void init_cuda(py::module_& m) {
     device::requireDevice(cyxwiz::Device{cyxwiz::DeviceType::CUDA, i}, "cx.cuda.synchronize");
     py::gil_scoped_release release;
     CYX_CUDA(synchronize(i));
-  }, py::arg("device") = 0, "Waits for every kernel queued on the device.");
+  }, py::arg("device") = 0, "Waits for every kernel pycyxwiz queued on the device (its compute stream).");
   static bool tf32 = false;
   c.def("set_tf32", [](bool enabled) {
     tf32 = enabled;

@@ -36,7 +36,8 @@ py::list gradViews(const Params& params) {
   return out;
 }
 
-constexpr const char* kViewsNote = " Numpy views of the live buffers: writing to them changes the model.";
+constexpr const char* kViewsNote =
+    " Numpy views of the live buffers: writing to them changes the model (host copies for a model on a GPU).";
 
 }  // namespace
 

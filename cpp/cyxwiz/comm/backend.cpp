@@ -31,4 +31,14 @@ std::shared_ptr<Work> Backend::allGather(const Tensor&, const Tensor&, bool) { u
 std::shared_ptr<Work> Backend::reduceScatter(const Tensor&, const Tensor&, ReduceOp, bool) { unsupported("reduce_scatter"); }
 std::shared_ptr<Work> Backend::barrier(bool) { unsupported("barrier"); }
 
+CallSignature callSignature(Collective c, const Tensor& t, ReduceOp op, int root) {
+  CallSignature s;
+  s.collective = c;
+  s.op = op;
+  s.dtype = t.defined() ? t.dtype() : DType::Float32;
+  s.count = t.defined() ? static_cast<uint64_t>(t.numel()) : 0;
+  s.root = static_cast<uint32_t>(root);
+  return s;
+}
+
 }  // namespace cyxwiz::comm

@@ -24,6 +24,9 @@ InterruptCheck interruptCheck();
 // Throws Interrupted ("<what>: interrupted") when the installed check says so.
 void throwIfInterrupted(const char* what);
 
+// The signature of a collective on `t` (count and dtype from it; an undefined tensor for a barrier).
+CallSignature callSignature(Collective c, const Tensor& t, ReduceOp op = ReduceOp::Sum, int root = 0);
+
 class Backend {
  public:
   explicit Backend(const DistributedConfig& config) : config_(config) {}

@@ -108,7 +108,11 @@ void requireDevice(const Device& device, const std::string& who) {
   if (device.type == DeviceType::CPU) return;
   std::string why;
   int count = cudaDeviceCount(&why);
-  if (count == 0) throw Error(makeString(who, ": ", device.str(), " requested, but ", why, "; ", kRemedyCpu));
+  if (count == 0) {
+    // The "built without CUDA" reason already ends with the remedy.
+    if (why.find(kRemedyCpu) == std::string::npos) why += std::string("; ") + kRemedyCpu;
+    throw Error(makeString(who, ": ", device.str(), " requested, but ", why));
+  }
   if (device.index < 0 || device.index >= count) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     throw InvalidArgument(makeString(who, ": ", device.str(), " requested, but ", count, " GPU",

@@ -38,16 +38,6 @@ std::string messageOf(std::exception_ptr e) {
   }
 }
 
-CallSignature signature(Collective c, const Tensor& t, ReduceOp op = ReduceOp::Sum, int root = 0) {
-  CallSignature s;
-  s.collective = c;
-  s.op = op;
-  s.dtype = t.defined() ? t.dtype() : DType::Float32;
-  s.count = t.defined() ? static_cast<uint64_t>(t.numel()) : 0;
-  s.root = static_cast<uint32_t>(root);
-  return s;
-}
-
 void requireCpu(const Tensor& t, const char* what) {
   CYX_CHECK(t.defined(), what, ": no array given");
   CYX_CHECK(t.device().type == DeviceType::CPU, what, ": the cpu backend needs host memory");
@@ -239,43 +229,43 @@ std::shared_ptr<Work> CpuBackend::staged(const CallSignature& call, const Tensor
 
 std::shared_ptr<Work> CpuBackend::allReduce(const Tensor& data, ReduceOp op, bool async) {
   if (data.isCuda()) {
-    return staged(signature(Collective::AllReduce, data, op), data, data,
+    return staged(callSignature(Collective::AllReduce, data, op), data, data,
                   [&](const Tensor& h, const Tensor&) { allReduce(h, op, false)->wait(); });
   }
   requireCpu(data, "all_reduce");
   checkReduceOp(op, data.dtype());
-  return submit(signature(Collective::AllReduce, data, op), async, [data, op](Ring& ring) {
+  return submit(callSignature(Collective::AllReduce, data, op), async, [data, op](Ring& ring) {
     ring.allReduce(data.rawData(), static_cast<size_t>(data.numel()), data.dtype(), op);
   });
 }
 
 std::shared_ptr<Work> CpuBackend::broadcast(const Tensor& data, int src, bool async) {
   if (data.isCuda()) {
-    return staged(signature(Collective::Broadcast, data, ReduceOp::Sum, src), data, data,
+    return staged(callSignature(Collective::Broadcast, data, ReduceOp::Sum, src), data, data,
                   [&](const Tensor& h, const Tensor&) { broadcast(h, src, false)->wait(); });
   }
   requireCpu(data, "broadcast");
   CYX_CHECK(src >= 0 && src < config_.worldSize, "broadcast: src=", src, " is not a rank: expected 0..", config_.worldSize - 1);
-  return submit(signature(Collective::Broadcast, data, ReduceOp::Sum, src), async,
+  return submit(callSignature(Collective::Broadcast, data, ReduceOp::Sum, src), async,
                 [data, src](Ring& ring) { ring.broadcast(data.rawData(), data.nbytes(), src); });
 }
 
 std::shared_ptr<Work> CpuBackend::allGather(const Tensor& in, const Tensor& out, bool async) {
   if (in.isCuda() || out.isCuda()) {
-    return staged(signature(Collective::AllGather, in), in, out,
+    return staged(callSignature(Collective::AllGather, in), in, out,
                   [&](const Tensor& h, const Tensor& o) { allGather(h, o, false)->wait(); });
   }
   requireCpu(in, "all_gather");
   requireCpu(out, "all_gather");
   CYX_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * config_.worldSize,
             "all_gather: the output must hold world_size x ", in.numel(), " elements of ", dtypeName(in.dtype()));
-  return submit(signature(Collective::AllGather, in), async,
+  return submit(callSignature(Collective::AllGather, in), async,
                 [in, out](Ring& ring) { ring.allGather(in.rawData(), out.rawData(), in.nbytes()); });
 }
 
 std::shared_ptr<Work> CpuBackend::reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
   if (in.isCuda() || out.isCuda()) {
-    return staged(signature(Collective::ReduceScatter, in, op), in, out,
+    return staged(callSignature(Collective::ReduceScatter, in, op), in, out,
                   [&](const Tensor& h, const Tensor& o) { reduceScatter(h, o, op, false)->wait(); });
   }
   requireCpu(in, "reduce_scatter");
@@ -285,13 +275,13 @@ std::shared_ptr<Work> CpuBackend::reduceScatter(const Tensor& in, const Tensor& 
   size_t part = Ring::partBegin(count, config_.worldSize, config_.rank + 1) - Ring::partBegin(count, config_.worldSize, config_.rank);
   CYX_CHECK(out.dtype() == in.dtype() && static_cast<size_t>(out.numel()) == part,
             "reduce_scatter: the output must hold this rank's part, ", part, " elements of ", dtypeName(in.dtype()));
-  return submit(signature(Collective::ReduceScatter, in, op), async, [in, out, op, count](Ring& ring) {
+  return submit(callSignature(Collective::ReduceScatter, in, op), async, [in, out, op, count](Ring& ring) {
     ring.reduceScatter(in.rawData(), out.rawData(), count, in.dtype(), op);
   });
 }
 
 std::shared_ptr<Work> CpuBackend::barrier(bool async) {
-  return submit(signature(Collective::Barrier, Tensor()), async, [](Ring& ring) { ring.barrier(); });
+  return submit(callSignature(Collective::Barrier, Tensor()), async, [](Ring& ring) { ring.barrier(); });
 }
 
 }  // namespace cyxwiz::comm

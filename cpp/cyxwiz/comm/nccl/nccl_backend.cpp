@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
 #include "cyxwiz/comm/cpu/cpu_backend.h"
+#include "cyxwiz/comm/reduce.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 #include "cyxwiz/ddp/exchange.h"
@@ -23,16 +25,6 @@ using Clock = std::chrono::steady_clock;
 cuda::ElemType elemType(DType d) { return static_cast<cuda::ElemType>(static_cast<int>(d)); }
 cuda::ReduceKind reduceKind(ReduceOp op) { return static_cast<cuda::ReduceKind>(static_cast<int>(op)); }
 
-CallSignature signature(Collective c, const Tensor& t, ReduceOp op = ReduceOp::Sum, int root = 0) {
-  CallSignature s;
-  s.collective = c;
-  s.op = op;
-  s.dtype = t.defined() ? t.dtype() : DType::Float32;
-  s.count = t.defined() ? static_cast<uint64_t>(t.numel()) : 0;
-  s.root = static_cast<uint32_t>(root);
-  return s;
-}
-
 // The device this process drives: cuda:LOCAL_RANK, as torchrun, Slurm and mpirun number local ranks.
 Device localDevice(const DistributedConfig& config) {
   std::string why;
@@ -41,15 +33,13 @@ Device localDevice(const DistributedConfig& config) {
     throw BackendError(makeString("init: the NCCL backend (DISTRIBUTED_BACKEND=nccl) needs a GPU on rank ", config.rank,
                                   ", but ", why, ". Use DISTRIBUTED_BACKEND=cpu (BackendType.CPU), which also trains GPU models"));
   }
-  if (config.localRank >= count) {
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    throw BackendError(makeString(
-        "init: rank ", config.rank, " has LOCAL_RANK=", config.localRank, " but this host shows ", count, " GPU",
-        count == 1 ? "" : "s", " (CUDA_VISIBLE_DEVICES=", visible ? visible : "<unset>",
-        "). Start at most one rank per GPU (nproc_per_node <= GPUs), or use DISTRIBUTED_BACKEND=cpu, which lets "
-        "several ranks share a GPU"));
-  }
-  return Device{DeviceType::CUDA, config.localRank};
+  if (config.localRank < count) return Device{DeviceType::CUDA, config.localRank};
+  // Slurm's --gpus-per-task (or any per-rank CUDA_VISIBLE_DEVICES) shows each rank only its own GPUs
+  // while LOCAL_RANK still counts the host's ranks; a real oversubscription is caught by checkDuplicateGpu.
+  const int index = config.localRank % count;
+  logInfo(makeString("LOCAL_RANK=", config.localRank, " but ", count, " GPU", count == 1 ? " is" : "s are",
+                     " visible to this rank: using cuda:", index));
+  return Device{DeviceType::CUDA, index};
 }
 
 }  // namespace
@@ -82,7 +72,8 @@ NcclBackend::NcclBackend(const DistributedConfig& config) : Backend(config) {
     shutdown();
     throw;
   }
-  logInfo(makeString("NCCL backend ready on ", device_.str(), " (NCCL ", api_->ncclVersion(), ")"));
+  const int v = api_->ncclVersion();  // 23203 = 2.32.3
+  logInfo(makeString("NCCL backend ready on ", device_.str(), " (NCCL ", v / 10000, ".", v / 100 % 100, ".", v % 100, ")"));
 }
 
 NcclBackend::~NcclBackend() { shutdown(); }
@@ -124,17 +115,18 @@ void NcclBackend::checkUsable(const char* what) {
   CYX_CHECK(comm_, what, ": the NCCL backend is shut down");
 }
 
-void NcclBackend::awaitComm(const std::string& what, Clock::time_point deadline) {
-  auto nap = std::chrono::microseconds(20);
+void NcclBackend::pollUntil(const std::string& what, Clock::time_point deadline, const std::function<bool()>& done) {
+  auto nap = std::chrono::microseconds(10);
   auto lastInterruptCheck = Clock::now();
   for (;;) {
+    if (done()) return;
+    // A peer's failure shows up as the communicator's asynchronous error while we wait.
     bool inProgress = false;
     cuda::Status s = api_->ncclState(comm_, &inProgress);
     if (!s.empty()) fail(what + ": " + s, false);
-    if (!inProgress) return;
     const auto now = Clock::now();
     if (now > deadline) {
-      fail(makeString(what, " did not finish within DISTRIBUTED_TIMEOUT_MS=", config_.timeoutMs,
+      fail(makeString(what, " did not complete within DISTRIBUTED_TIMEOUT_MS=", config_.timeoutMs,
                       " ms: a peer rank is not taking part (stopped, crashed, or calling another collective). "
                       "The NCCL communicator was aborted; check the other ranks' output"),
            true);
@@ -148,32 +140,22 @@ void NcclBackend::awaitComm(const std::string& what, Clock::time_point deadline)
   }
 }
 
+void NcclBackend::awaitComm(const std::string& what, Clock::time_point deadline) {
+  pollUntil(what, deadline, [this, &what] {
+    bool inProgress = false;
+    cuda::Status s = api_->ncclState(comm_, &inProgress);
+    if (!s.empty()) fail(what + ": " + s, false);
+    return !inProgress;
+  });
+}
+
 void NcclBackend::awaitEvent(void* event, const std::string& what, Clock::time_point deadline) {
-  auto nap = std::chrono::microseconds(10);
-  auto lastInterruptCheck = Clock::now();
-  for (;;) {
+  pollUntil(what, deadline, [this, event, &what] {
     bool done = false;
     cuda::Status s = api_->eventQuery(event, &done);
     if (!s.empty()) fail(what + ": " + s, false);
-    if (done) return;
-    // A peer's failure shows up as the communicator's asynchronous error while our kernel waits.
-    bool inProgress = false;
-    s = api_->ncclState(comm_, &inProgress);
-    if (!s.empty()) fail(what + ": " + s, false);
-    const auto now = Clock::now();
-    if (now > deadline) {
-      fail(makeString(what, " did not complete within DISTRIBUTED_TIMEOUT_MS=", config_.timeoutMs,
-                      " ms: a peer rank is not calling it (stopped, crashed, or in another collective). "
-                      "The NCCL communicator was aborted; check the other ranks' output"),
-           true);
-    }
-    if (now - lastInterruptCheck > std::chrono::milliseconds(100)) {
-      lastInterruptCheck = now;
-      throwIfInterrupted(what.c_str());
-    }
-    std::this_thread::sleep_for(nap);
-    nap = std::min(nap * 2, std::chrono::microseconds(500));
-  }
+    return done;
+  });
 }
 
 std::shared_ptr<Work> NcclBackend::enqueue(CallSignature call, const Tensor& send, const Tensor& recv,
@@ -215,43 +197,60 @@ std::shared_ptr<Work> NcclBackend::enqueue(CallSignature call, const Tensor& sen
 
 std::shared_ptr<Work> NcclBackend::allReduce(const Tensor& data, ReduceOp op, bool async) {
   if (!data.isCuda()) return cpu_->allReduce(data, op, async);
-  return enqueue(signature(Collective::AllReduce, data, op), data, data, cuda::CollectiveKind::AllReduce, async);
+  checkReduceOp(op, data.dtype());
+  return enqueue(callSignature(Collective::AllReduce, data, op), data, data, cuda::CollectiveKind::AllReduce, async);
 }
 
 std::shared_ptr<Work> NcclBackend::broadcast(const Tensor& data, int src, bool async) {
   if (!data.isCuda()) return cpu_->broadcast(data, src, async);
   CYX_CHECK(src >= 0 && src < config_.worldSize, "broadcast: src=", src, " is not a rank: expected 0..", config_.worldSize - 1);
-  return enqueue(signature(Collective::Broadcast, data, ReduceOp::Sum, src), data, data, cuda::CollectiveKind::Broadcast,
+  return enqueue(callSignature(Collective::Broadcast, data, ReduceOp::Sum, src), data, data, cuda::CollectiveKind::Broadcast,
                  async);
+}
+
+std::shared_ptr<Work> NcclBackend::onDevice(const Tensor& out,
+                                            const std::function<std::shared_ptr<Work>(const Tensor&)>& run) {
+  if (out.isCuda()) return run(out);
+  // A host output (cx.distributed.all_gather of a GPU tensor returns numpy): gather on the device,
+  // then copy out once the collective is done.
+  Tensor staged = Tensor::empty(out.shape(), out.dtype(), device_);
+  std::shared_ptr<Work> work = run(staged);
+  work->wait();
+  Tensor(out).copyFrom(staged);
+  return work;
 }
 
 std::shared_ptr<Work> NcclBackend::allGather(const Tensor& in, const Tensor& out, bool async) {
   if (!in.isCuda() && !out.isCuda()) return cpu_->allGather(in, out, async);
-  CYX_CHECK(in.isCuda() && out.isCuda() && in.device() == out.device(),
-            "all_gather: input and output must both be on ", device_.str(), " for the nccl backend");
   CYX_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * config_.worldSize,
             "all_gather: the output must hold world_size x ", in.numel(), " elements of ", dtypeName(in.dtype()));
-  return enqueue(signature(Collective::AllGather, in), in, out, cuda::CollectiveKind::AllGather, async);
+  const Tensor send = in.to(device_);
+  return onDevice(out, [&](const Tensor& recv) {
+    return enqueue(callSignature(Collective::AllGather, in), send, recv, cuda::CollectiveKind::AllGather, async);
+  });
 }
 
 std::shared_ptr<Work> NcclBackend::reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
   if (!in.isCuda() && !out.isCuda()) return cpu_->reduceScatter(in, out, op, async);
-  CYX_CHECK(in.isCuda() && out.isCuda() && in.device() == out.device(),
-            "reduce_scatter: input and output must both be on ", device_.str(), " for the nccl backend");
+  checkReduceOp(op, in.dtype());
   const int64_t n = in.numel(), world = config_.worldSize;
   // Parts as numpy.array_split makes them: the first n % world ranks hold one element more.
   const int64_t begin = config_.rank * (n / world) + std::min<int64_t>(config_.rank, n % world);
   const int64_t part = n / world + (config_.rank < n % world ? 1 : 0);
   CYX_CHECK(out.dtype() == in.dtype() && out.numel() == part, "reduce_scatter: the output must hold this rank's part, ",
             part, " elements of ", dtypeName(in.dtype()));
+  const CallSignature call = callSignature(Collective::ReduceScatter, in, op);
   if (n % world == 0) {
-    return enqueue(signature(Collective::ReduceScatter, in, op), in, out, cuda::CollectiveKind::ReduceScatter, async);
+    const Tensor send = in.to(device_);
+    return onDevice(out, [&](const Tensor& recv) {
+      return enqueue(call, send, recv, cuda::CollectiveKind::ReduceScatter, async);
+    });
   }
   // NCCL needs equal parts: reduce everything, keep this rank's slice.
-  Tensor reduced = in.clone();
-  enqueue(signature(Collective::ReduceScatter, in, op), reduced, reduced, cuda::CollectiveKind::AllReduce, false);
+  Tensor reduced = in.isCuda() ? in.clone() : in.to(device_);
+  enqueue(call, reduced, reduced, cuda::CollectiveKind::AllReduce, false);
   Tensor(out).copyFrom(reduced.view(begin, out.shape()));
-  auto work = std::make_shared<Work>(signature(Collective::ReduceScatter, in, op), config_.rank, config_.worldSize);
+  auto work = std::make_shared<Work>(call, config_.rank, config_.worldSize);
   work->finish();
   return work;
 }

@@ -10,6 +10,8 @@
 // The first error breaks the backend; later calls fail at once with it.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,6 +46,12 @@ class NcclBackend final : public Backend {
  private:
   std::shared_ptr<Work> enqueue(CallSignature call, const Tensor& send, const Tensor& recv, cuda::CollectiveKind kind,
                                 bool async);
+  // Sleeps (10 us doubling to 1 ms) until `done`, watching the communicator's asynchronous error, the
+  // deadline (abort + DistTimeoutError) and Ctrl-C.
+  void pollUntil(const std::string& what, std::chrono::steady_clock::time_point deadline,
+                 const std::function<bool()>& done);
+  // Runs a collective into `out` when it is on the GPU, else into a device copy that is copied back.
+  std::shared_ptr<Work> onDevice(const Tensor& out, const std::function<std::shared_ptr<Work>(const Tensor&)>& run);
   void checkDuplicateGpu();
   void checkUsable(const char* what);
   [[noreturn]] void fail(const std::string& message, bool timeout);

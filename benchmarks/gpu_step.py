@@ -1,0 +1,501 @@
+#!/usr/bin/env python3
+"""One MLP training step on a GPU: pycyxwiz against PyTorch on the same GPU, same models, same data.
+
+    python benchmarks/gpu_step.py                          # both models, batch 64 and 1024 (about a minute on an H100)
+    python benchmarks/gpu_step.py --quick                  # smoke run: 1 round, few steps
+    python benchmarks/gpu_step.py --models small --batches 64 --rounds 9 --tag h100_small
+    python benchmarks/gpu_step.py --inputs device          # batches already on the GPU for both frameworks
+
+Models: "small" = 784-256-10 and "large" = 784-4096-4096-10 (Linear/ReLU), cross-entropy, Adam lr 1e-3, TF32
+off in both frameworks (--tf32 turns it on in both). The torch models start from pycyxwiz's initial weights
+(cx.manual_seed, then copied), and both frameworks train on the very same batches in the same order.
+
+A step, as a user's loop writes it:
+  pycyxwiz  out = model.forward(x); loss = lossfn.forward(out, y)  (a float: one host sync);
+            model.backward(lossfn.backward(out, y)); opt.step(model); model.zero_grad()
+  torch     out = model(x); loss = F.cross_entropy(out, y); loss.item(); loss.backward(); opt.step();
+            opt.zero_grad(set_to_none=True)
+--inputs host (default): x and y are numpy batches gathered outside the timer and copied to the GPU inside
+the step (pycyxwiz copies them in forward/loss, torch with .to(device)). --inputs device: the batches are
+torch CUDA tensors prepared outside the timer; pycyxwiz takes them through __cuda_array_interface__ without
+a copy.
+
+Timing: per round and framework, warm-up steps, then --steps steps each timed alone with the device
+synchronized before and after it (cx.cuda.synchronize / torch.cuda.synchronize), then the same number back to
+back with one synchronization at each end ("loop": what a training loop sustains). Rounds alternate the
+frameworks. Reported: median step time over all rounds (p90 and the loop figure in the detail table).
+ratio = pycyxwiz ms / torch ms with torch.optim.Adam(fused=True) (below 1: pycyxwiz is faster); targets
+from the issue: <= 0.3 on the small model, <= 1.0 on the large one. torch.optim.Adam as usually written
+(foreach on CUDA) is timed too.
+
+Writes <out-dir>/gpu_step_<tag>.md (the report printed here), .json (every step time) and .png (needs
+matplotlib). Exit status 2, writing nothing, when no GPU is usable by pycyxwiz or by torch (the reason is
+printed); 1 when a pycyxwiz step failed; else 0.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from allreduce import machine_info, md_table  # noqa: E402
+
+MODELS = {"small": [784, 256, 10], "large": [784, 4096, 4096, 10]}
+TARGETS = {"small": 0.3, "large": 1.0}  # pycyxwiz time / torch time, from the issue
+BATCHES = [64, 1024]
+CLASSES = 10
+LR = 1e-3
+# (rounds, warmup, timed steps) per model for a full run and for --quick
+DEFAULTS = {"small": (5, 20, 100), "large": (5, 5, 30)}
+QUICK = {"small": (1, 3, 10), "large": (1, 2, 5)}
+V_CX = "pycyxwiz Adam"
+V_FUSED = "torch Adam(fused=True)"
+V_DEFAULT = "torch Adam (default)"
+VARIANTS = [V_CX, V_FUSED, V_DEFAULT]
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def n_params(sizes):
+    return sum(sizes[i] * sizes[i + 1] + sizes[i + 1] for i in range(len(sizes) - 1))
+
+
+# ----------------------------------------------------------------- is there a GPU?
+
+def gpu_libraries(device):
+    """(cx, torch, None) when both can use `device`, else (None, None, why not)."""
+    try:
+        import pycyxwiz as cx
+    except Exception as e:
+        return None, None, f"import pycyxwiz failed: {type(e).__name__}: {e}"
+    cuda = getattr(cx, "cuda", None)
+    if cuda is None:
+        return None, None, "this pycyxwiz has no cx.cuda (built before GPU support); reinstall it"
+    if not cuda.is_available():
+        return None, None, f"pycyxwiz cannot use a GPU: {cuda.unavailable_reason()}"
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= cuda.device_count():
+        return None, None, f"{device} requested, but pycyxwiz sees {cuda.device_count()} GPU(s)"
+    try:
+        import torch
+        import torch.nn.functional  # noqa: F401
+    except Exception as e:
+        return None, None, f"torch is not importable ({type(e).__name__}: {e}); install a CUDA build of torch"
+    if not torch.cuda.is_available():
+        return None, None, (f"torch {torch.__version__} cannot use a GPU (torch.cuda.is_available() is False"
+                            + ("; a CPU-only build" if torch.version.cuda is None else "") + ")")
+    if index >= torch.cuda.device_count():
+        return None, None, f"{device} requested, but torch sees {torch.cuda.device_count()} GPU(s)"
+    return cx, torch, None
+
+
+def driver_version():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# ----------------------------------------------------------------- models and steps
+
+def build_cx(cx, sizes, seed):
+    cx.manual_seed(seed)
+    m = cx.SequentialModel()
+    for i in range(len(sizes) - 1):
+        m.add(cx.LinearModule(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            m.add(cx.ReLUModule())
+    return m
+
+
+def build_torch(torch, sizes, weights, device, fused):
+    layers = []
+    for i in range(len(sizes) - 1):
+        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    with torch.no_grad():  # pycyxwiz's initial weights; the parameter order matches (W0, b0, W1, b1, ...)
+        for p, w in zip(model.parameters(), weights):
+            p.copy_(torch.from_numpy(w))
+    model.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=LR, fused=True) if fused else torch.optim.Adam(model.parameters(), lr=LR)
+    return model, opt
+
+
+def cx_step_fn(cx, model, lossfn, opt):
+    def step(x, y):
+        out = model.forward(x)
+        loss = lossfn.forward(out, y)  # a float: the host waits for the forward here
+        model.backward(lossfn.backward(out, y))
+        opt.step(model)
+        model.zero_grad()
+        return loss
+    return step
+
+
+def torch_step_fn(torch, model, opt, device, host_inputs):
+    F = torch.nn.functional
+
+    def step(x, y):
+        if host_inputs:
+            x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+        out = model(x)
+        loss = F.cross_entropy(out, y)
+        value = loss.item()  # as a user's loop reads it: one host sync
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return value
+    return step
+
+
+def make_pool(torch, args, batch, device):
+    """--pool batches drawn with a fixed seed: numpy (host inputs) or torch CUDA tensors (device inputs)."""
+    rng = np.random.default_rng(args.seed)
+    X = rng.standard_normal((args.rows, 784), dtype=np.float32)
+    y = rng.integers(0, CLASSES, size=args.rows, dtype=np.int64)
+    pool = []
+    for _ in range(args.pool):
+        idx = rng.integers(0, args.rows, size=batch)
+        xb, yb = np.ascontiguousarray(X[idx]), np.ascontiguousarray(y[idx])
+        if args.inputs == "device":
+            xb, yb = torch.from_numpy(xb).to(device), torch.from_numpy(yb).to(device)
+        pool.append((xb, yb))
+    torch.cuda.synchronize(device)  # pycyxwiz reads these on its own stream: they must be complete
+    return pool
+
+
+# ----------------------------------------------------------------- timing
+
+def run_phase(step, sync, pool, warmup, steps, pc=time.perf_counter):
+    """warm-up, then `steps` steps timed one by one (synchronized around each), then `steps` back to back
+    (synchronized at the ends). Returns (per-step seconds, loop seconds per step)."""
+    k = len(pool)
+    for i in range(warmup):
+        step(*pool[i % k])
+    sync()
+    times = []
+    for i in range(steps):
+        t0 = pc()
+        step(*pool[i % k])
+        sync()
+        times.append(pc() - t0)
+    t0 = pc()
+    for i in range(steps):
+        step(*pool[i % k])
+    sync()
+    return times, (pc() - t0) / steps
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def rel_diff(a, b):
+    return float(np.max(np.abs(a - b)) / max(1e-12, float(np.max(np.abs(b)))))
+
+
+def bench_config(cx, torch, name, batch, args, device, dev_index):
+    """Both frameworks on one (model, batch). Returns a dict of per-variant results and checks."""
+    sizes = MODELS[name]
+    rounds, warmup, steps = args.plan[name]
+    res = {"model": name, "layers": "-".join(map(str, sizes)), "parameters": n_params(sizes), "batch": batch,
+           "rounds": rounds, "warmup": warmup, "steps": steps, "variants": {}, "checks": {}}
+    pool = make_pool(torch, args, batch, device)
+    cx_model = build_cx(cx, sizes, args.seed)
+    weights = [np.array(p, copy=True) for p in cx_model.parameters()]
+    cx_sync = lambda: cx.cuda.synchronize(dev_index)  # noqa: E731
+    torch_sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+    runners = {}
+    try:
+        cx_model.to(device)
+        lossfn = cx.CrossEntropyLoss()
+        x0, y0 = pool[0]
+        loss0 = lossfn.forward(cx_model.forward(x0), y0)
+        runners[V_CX] = (cx_step_fn(cx, cx_model, lossfn, cx.AdamOptimizer(LR)), cx_sync)
+        res["checks"]["first_loss_pycyxwiz"] = loss0
+    except Exception as e:
+        res["variants"][V_CX] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        log(f"  {V_CX}: FAILED at set-up: {type(e).__name__}: {e}")
+    torch_models = {}
+    for v, fused in ((V_FUSED, True), (V_DEFAULT, False)):
+        if v == V_DEFAULT and args.no_torch_default:
+            continue
+        model, opt = build_torch(torch, sizes, weights, device, fused)
+        torch_models[v] = model
+        runners[v] = (torch_step_fn(torch, model, opt, device, args.inputs == "host"), torch_sync)
+    with torch.no_grad():
+        x0, y0 = pool[0]
+        if args.inputs == "host":
+            x0, y0 = torch.from_numpy(x0).to(device), torch.from_numpy(y0).to(device)
+        res["checks"]["first_loss_torch"] = torch.nn.functional.cross_entropy(torch_models[V_FUSED](x0), y0).item()
+
+    order = [v for v in VARIANTS if v in runners]
+    collected = {v: {"times_s": [], "loop_s": []} for v in order}
+    for r in range(rounds):
+        rot = order[r % len(order):] + order[:r % len(order)]  # a different framework first each round
+        for v in rot:
+            if "error" in res["variants"].get(v, {}):
+                continue
+            step, sync = runners[v]
+            try:
+                torch_sync()  # nothing of the other framework may still run on the GPU
+                if V_CX in runners:
+                    cx_sync()
+                times, loop = run_phase(step, sync, pool, warmup, steps)
+            except Exception as e:
+                res["variants"][v] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+                log(f"  {v}: FAILED in round {r + 1}: {type(e).__name__}: {e}")
+                continue
+            collected[v]["times_s"].append(times)
+            collected[v]["loop_s"].append(loop)
+            log(f"  [{name} b{batch}] round {r + 1}/{rounds} {v:24s} median {statistics.median(times) * 1e3:8.3f} ms, "
+                f"loop {loop * 1e3:8.3f} ms")
+    for v in order:
+        if "error" in res["variants"].get(v, {}):
+            continue
+        flat = [t for rnd in collected[v]["times_s"] for t in rnd]
+        res["variants"][v] = {"median_s": statistics.median(flat), "p90_s": percentile(flat, 0.9),
+                              "min_s": min(flat), "round_medians_s": [statistics.median(x) for x in collected[v]["times_s"]],
+                              "loop_s": statistics.median(collected[v]["loop_s"]), "times_s": collected[v]["times_s"]}
+    # Both took the same steps on the same batches: their parameters should still agree closely.
+    if "median_s" in res["variants"].get(V_CX, {}) and "median_s" in res["variants"].get(V_FUSED, {}):
+        ours = [np.asarray(p) for p in cx_model.parameters()]
+        theirs = [p.detach().cpu().numpy() for p in torch_models[V_FUSED].parameters()]
+        res["checks"]["param_max_rel_diff_vs_fused"] = max(rel_diff(a, b) for a, b in zip(ours, theirs))
+    if "first_loss_pycyxwiz" in res["checks"]:
+        res["checks"]["first_loss_abs_diff"] = abs(res["checks"]["first_loss_pycyxwiz"] - res["checks"]["first_loss_torch"])
+    return res
+
+
+# ----------------------------------------------------------------- report
+
+def fmt_ms(sec):
+    if sec is None:
+        return "—"
+    v = sec * 1e3
+    return f"{v:.3f}" if v < 10 else f"{v:.2f}" if v < 100 else f"{v:.1f}"
+
+
+def med(res, v, key="median_s"):
+    return res["variants"].get(v, {}).get(key)
+
+
+def main_table(results):
+    rows = []
+    for res in results:
+        ours, theirs = med(res, V_CX), med(res, V_FUSED)
+        ratio = ours / theirs if ours and theirs else None
+        target = TARGETS[res["model"]]
+        rows.append([f"{res['model']} {res['layers']}", str(res["batch"]),
+                     "FAILED" if "error" in res["variants"].get(V_CX, {}) else fmt_ms(ours), fmt_ms(theirs),
+                     "—" if ratio is None else f"{ratio:.2f}", f"<= {target:.1f}",
+                     "—" if ratio is None else ("yes" if ratio <= target else "no")])
+    return md_table(["model", "batch", "pycyxwiz ms", "torch ms", "ratio", "target", "met"], rows)
+
+
+def detail_table(results):
+    rows = []
+    for res in results:
+        for v in VARIANTS:
+            e = res["variants"].get(v)
+            if e is None:
+                continue
+            if "error" in e:
+                rows.append([res["model"], str(res["batch"]), v, "FAILED"] + ["—"] * 3)
+                continue
+            rm = e["round_medians_s"]
+            rows.append([res["model"], str(res["batch"]), v, fmt_ms(e["median_s"]), fmt_ms(e["p90_s"]),
+                         f"{fmt_ms(min(rm))}..{fmt_ms(max(rm))}" if len(rm) > 1 else fmt_ms(rm[0]), fmt_ms(e["loop_s"])])
+    return md_table(["model", "batch", "variant", "median ms", "p90 ms", "round medians ms", "loop ms"], rows)
+
+
+def plot(path, results):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log(f"plot {path}: matplotlib is not installed (pip install matplotlib); no plot drawn")
+        return False
+    colors = {V_CX: "tab:red", V_FUSED: "tab:blue", V_DEFAULT: "tab:cyan"}
+    labels = [f"{r['model']}\nbatch {r['batch']}" for r in results]
+    shown = [v for v in VARIANTS if any(med(r, v) for r in results)]
+    width = 0.8 / max(len(shown), 1)
+    fig, ax = plt.subplots(figsize=(2.2 * len(results) + 2, 4.5))
+    for k, v in enumerate(shown):
+        xs = [i + (k - (len(shown) - 1) / 2) * width for i in range(len(results))]
+        ys = [(med(r, v) or 0) * 1e3 for r in results]
+        ax.bar(xs, ys, width, color=colors[v], label=v)
+    for i, r in enumerate(results):
+        ours, theirs = med(r, V_CX), med(r, V_FUSED)
+        if ours and theirs:
+            top = max(med(r, v) or 0 for v in shown) * 1e3
+            ax.annotate(f"{ours / theirs:.2f}x (target <= {TARGETS[r['model']]:.1f})", (i, top * 1.08),
+                        ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(results)))
+    ax.set_xticklabels(labels)
+    ax.set_ylabel("step time, ms (median)")
+    ax.set_yscale("log")
+    ax.set_title("Training step on one GPU: pycyxwiz vs PyTorch (same model, data, initial weights)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# ----------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["small", "large"])
+    p.add_argument("--batches", type=int, nargs="+", default=BATCHES, help="batch sizes (default 64 1024)")
+    p.add_argument("--device", default="cuda:0", help='"cuda" or "cuda:N" (default cuda:0)')
+    p.add_argument("--inputs", choices=["host", "device"], default="host",
+                   help="host: numpy batches copied to the GPU inside the step (default); device: batches already "
+                        "on the GPU (torch CUDA tensors, handed to pycyxwiz through __cuda_array_interface__)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds per variant (default 5; --quick 1)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps per round (default: small 20, large 5)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps timed one by one per round, and as many back to back (default: small 100, large 30)")
+    p.add_argument("--rows", type=int, default=8192, help="rows of synthetic data (default 8192)")
+    p.add_argument("--pool", type=int, default=16, help="distinct batches drawn up front and cycled (default 16)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tf32", action="store_true", help="TF32 tensor cores for matrix products in both frameworks")
+    p.add_argument("--no-torch-default", action="store_true", help="skip torch.optim.Adam as usually written")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 round, few steps")
+    p.add_argument("--tag", default=None, help="result file name gpu_step_<tag>.{md,json,png} (default: the GPU's name)")
+    p.add_argument("--out-dir", default=os.path.join(HERE, "results"), help="default benchmarks/results")
+    p.add_argument("--no-plot", action="store_true")
+    a = p.parse_args(argv)
+    if not re.fullmatch(r"cuda(:\d+)?", a.device):
+        p.error(f'--device {a.device!r}: expected "cuda" or "cuda:N"')
+    if min(a.batches) < 1 or a.rows < 1 or a.pool < 1 or (a.steps is not None and a.steps < 1) \
+            or (a.rounds is not None and a.rounds < 1):
+        p.error("--batches, --rows, --pool, --steps and --rounds must be at least 1")
+    a.models = list(dict.fromkeys(a.models))
+    a.batches = list(dict.fromkeys(a.batches))
+    base = QUICK if a.quick else DEFAULTS
+    a.plan = {m: (a.rounds or base[m][0], a.warmup if a.warmup is not None else base[m][1], a.steps or base[m][2])
+              for m in MODELS}
+    return a
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cx, torch, why = gpu_libraries(args.device)
+    if why:
+        print(f"gpu_step: no GPU to benchmark on: {why}", file=sys.stderr)
+        return 2
+    device = args.device if ":" in args.device else "cuda:0"
+    dev_index = int(device.split(":")[1])
+    cx.cuda.set_tf32(args.tf32)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    mach = machine_info()
+    props = cx.cuda.get_device_properties(dev_index)
+    info = cx.build_info()
+    tag = args.tag or re.sub(r"[^a-z0-9]+", "_", props["name"].lower()).strip("_") or "gpu"
+
+    rep = ["# Training step on one GPU: pycyxwiz vs PyTorch (benchmarks/gpu_step.py)\n", "```"]
+    rep.append(f"date      {mach['date_utc']}")
+    rep.append(f"gpu       {device}: {props['name']}, compute capability {props['major']}.{props['minor']}, "
+               f"{props['total_memory'] / 2**30:.1f} GiB, {props['multi_processor_count']} SMs; driver {driver_version() or '?'}")
+    rep.append(f"host      {mach['cpu']}, {mach['cpus']} CPUs, Linux {mach['kernel']}, Python {mach['python']}, "
+               f"numpy {mach.get('numpy')}" + (f"; git {mach['git']}" if mach.get("git") else ""))
+    rep.append(f"pycyxwiz  {cx.__version__}: CUDA {info.get('cuda_version')}, cuBLAS {info.get('cublas_version')}, "
+               f"NCCL {info.get('nccl_version')}, architectures {info.get('cuda_architectures')}")
+    rep.append(f"torch     {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})")
+    rep.append(f"settings  TF32 {'on' if args.tf32 else 'off'} in both; inputs {args.inputs}; Adam lr {LR}; "
+               f"data randn({args.rows}, 784) + randint(0, {CLASSES}), seed {args.seed}, {args.pool} batches cycled")
+    plan = "; ".join(f"{m}: {args.plan[m][0]} rounds x ({args.plan[m][1]} warm-up + {args.plan[m][2]} timed + "
+                     f"{args.plan[m][2]} loop steps)" for m in args.models)
+    rep.append(f"timing    {plan}; frameworks alternate by round")
+    rep.append("```")
+    print("\n".join(rep), flush=True)
+
+    results = []
+    for name in args.models:
+        for batch in args.batches:
+            log(f"{name} {'-'.join(map(str, MODELS[name]))}, batch {batch} ...")
+            try:
+                results.append(bench_config(cx, torch, name, batch, args, device, dev_index))
+            except Exception as e:  # torch's set-up failed, e.g. after a CUDA error that broke the context
+                log(f"  FAILED: {type(e).__name__}: {e}")
+                rounds, warmup, steps = args.plan[name]
+                err = {"error": f"set-up: {type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+                results.append({"model": name, "layers": "-".join(map(str, MODELS[name])), "parameters": n_params(MODELS[name]),
+                                "batch": batch, "rounds": rounds, "warmup": warmup, "steps": steps,
+                                "variants": {V_CX: err, V_FUSED: dict(err)}, "checks": {}})
+
+    body = ["\n## Step time\n",
+            "ms = median step time (each step timed alone, the device synchronized before and after it); torch = "
+            "Adam(fused=True); ratio = pycyxwiz ms / torch ms (below 1: pycyxwiz is faster); target = the issue's "
+            "ceiling for the ratio.\n",
+            main_table(results),
+            "\n## All variants\n",
+            "p90 over all timed steps; round medians = min..max over rounds; loop = the same steps back to back, "
+            "synchronized only at the ends (time / steps). torch Adam (default) is foreach on CUDA.\n",
+            detail_table(results), "\n## Checks\n"]
+    problems = []
+    for res in results:
+        c = res["checks"]
+        line = f"- {res['model']} batch {res['batch']}: first-batch loss torch {c.get('first_loss_torch', float('nan')):.6f}"
+        if "first_loss_abs_diff" in c:
+            line += f", pycyxwiz {c['first_loss_pycyxwiz']:.6f} (|diff| {c['first_loss_abs_diff']:.2e})"
+        if "param_max_rel_diff_vs_fused" in c:
+            d = c["param_max_rel_diff_vs_fused"]
+            line += (f"; after the same {res['rounds'] * (res['warmup'] + 2 * res['steps'])} steps, parameters differ "
+                     f"from torch's by up to {d:.2e} (max |diff| / max |param|, worst tensor)")
+            if d > 1e-2:
+                line += " -- more than float rounding explains: check the GPU kernels"
+        body.append(line)
+        for v, e in res["variants"].items():
+            if "error" in e:
+                problems.append(f"- {res['model']} batch {res['batch']}, {v}: {e['error']}")
+    if problems:
+        body.append("\n## Errors\n")
+        body += problems
+    print("\n".join(body), flush=True)
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    base = os.path.join(args.out_dir, f"gpu_step_{tag}")
+    written = [f"{base}.md", f"{base}.json"]
+    with open(f"{base}.md", "w") as f:
+        f.write("\n".join(rep + body) + "\n")
+    doc = {"machine": mach, "gpu": props, "driver": driver_version(), "pycyxwiz": {"version": cx.__version__, **info},
+           "torch": {"version": torch.__version__, "cuda": torch.version.cuda},
+           "config": {k: v for k, v in vars(args).items() if k != "plan"}, "plan": args.plan,
+           "targets": TARGETS, "results": results}
+    with open(f"{base}.json", "w") as f:
+        json.dump(doc, f, indent=1)
+    if not args.no_plot and any(med(r, v) for r in results for v in VARIANTS):
+        if plot(f"{base}.png", results):
+            written.append(f"{base}.png")
+    print("\nWritten: " + ", ".join(os.path.relpath(p) for p in written))
+    failed = any("error" in r["variants"].get(V_CX, {}) for r in results)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
