@@ -40,7 +40,9 @@ def clean_env(**extra) -> dict[str, str]:
     """Our environment without any launcher's variables (pytest itself may run under one)."""
     drop = re.compile(r"(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|GROUP_RANK|MASTER_ADDR|MASTER_PORT"
                       r"|DISTRIBUTED_.*|CYXWIZ_.*|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*|PMIX_.*|QUICKSTART_.*)")
-    env = {k: v for k, v in os.environ.items() if not drop.fullmatch(k)}
+    # Which CUDA library to load (the tests' host emulator) is not a launcher setting: it stays.
+    keep = re.compile(r"CYXWIZ_CUDA_LIBRARY|CYXWIZ_EMULATED_.*")
+    env = {k: v for k, v in os.environ.items() if keep.fullmatch(k) or not drop.fullmatch(k)}
     env.update({"CYXWIZ_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DISTRIBUTED_TIMEOUT_MS": "20000"})
     env.update({k: str(v) for k, v in extra.items()})
     return env

@@ -79,8 +79,9 @@ def test_gpu_tensor_host_copies_are_copies():
 
 def test_gpu_tensor_refuses_the_buffer_protocol():
     t = cx.Tensor(np.ones((2, 3), np.float32)).to("cuda")
-    with pytest.raises(Exception, match=r"cuda:0.*numpy\(\)"):
+    with pytest.raises(BufferError):  # pybind11 reports a refused buffer as BufferError
         memoryview(t)
+    np.testing.assert_array_equal(np.asarray(t), np.ones((2, 3), np.float32))  # __array__ copies instead
 
 
 def test_cuda_array_interface():

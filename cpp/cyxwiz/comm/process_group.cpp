@@ -39,12 +39,15 @@ void init(const DistributedConfig& config) {
   DistributedConfig c = config;
   c.generation = gCompletedInits + 1;
   try {
-    if (c.backend == BackendType::NCCL) {
-      gBackend = std::make_shared<NcclBackend>(c);
-    } else {
-      gBackend = std::make_shared<CpuBackend>(c);
-    }
+    const Device gpu = c.backend == BackendType::NCCL ? NcclBackend::deviceFor(c) : Device{};
+    auto cpu = std::make_shared<CpuBackend>(c);
+    // The rendezvous is done: this generation is used, even if NCCL fails below and init() is retried.
     ++gCompletedInits;
+    if (c.backend == BackendType::NCCL) {
+      gBackend = std::make_shared<NcclBackend>(c, gpu, std::move(cpu));
+    } else {
+      gBackend = std::move(cpu);
+    }
   } catch (...) {
     clearLogRank();
     throw;

@@ -31,13 +31,16 @@ std::string libraryPath() {
 
 Loaded load() {
   Loaded out;
-  if (!cudaBuilt()) {
+  // Another build of the library (the tests' host emulator, tests/gpu/emulator): same ABI, same checks.
+  const char* override = std::getenv("CYXWIZ_CUDA_LIBRARY");
+  const bool overridden = override && *override;
+  if (!cudaBuilt() && !overridden) {
     out.why = "this pycyxwiz was built without CUDA (" + cudaBuildNote() +
               "). For GPU support install the CUDA toolkit (nvcc) and `pip install nvidia-cublas nvidia-nccl-cu13`, "
               "then rebuild: pip install --no-build-isolation --force-reinstall . ; " + kRemedyCpu;
     return out;
   }
-  const std::string path = libraryPath();
+  const std::string path = overridden ? std::string(override) : libraryPath();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     const char* err = dlerror();

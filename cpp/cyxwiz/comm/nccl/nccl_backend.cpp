@@ -25,8 +25,9 @@ using Clock = std::chrono::steady_clock;
 cuda::ElemType elemType(DType d) { return static_cast<cuda::ElemType>(static_cast<int>(d)); }
 cuda::ReduceKind reduceKind(ReduceOp op) { return static_cast<cuda::ReduceKind>(static_cast<int>(op)); }
 
-// The device this process drives: cuda:LOCAL_RANK, as torchrun, Slurm and mpirun number local ranks.
-Device localDevice(const DistributedConfig& config) {
+}  // namespace
+
+Device NcclBackend::deviceFor(const DistributedConfig& config) {
   std::string why;
   int count = device::cudaDeviceCount(&why);
   if (count == 0) {
@@ -42,15 +43,10 @@ Device localDevice(const DistributedConfig& config) {
   return Device{DeviceType::CUDA, index};
 }
 
-}  // namespace
-
-NcclBackend::NcclBackend(const DistributedConfig& config) : Backend(config) {
-  device_ = localDevice(config);
-  api_ = &device::cudaApi();
-  DistributedConfig cpuConfig = config;
-  cpuConfig.backend = BackendType::CPU;
-  cpu_ = std::make_shared<CpuBackend>(cpuConfig);  // the rendezvous; throws its own clear errors
+NcclBackend::NcclBackend(const DistributedConfig& config, const Device& gpu, std::shared_ptr<CpuBackend> cpu)
+    : Backend(config), cpu_(std::move(cpu)), device_(gpu) {
   try {
+    api_ = &device::cudaApi();
     checkDuplicateGpu();
     // Rank 0's unique id reaches the others over the TCP ring.
     Tensor id = Tensor::zeros({128}, DType::Int32);  // 512 bytes >= NCCL_UNIQUE_ID_BYTES

@@ -25,7 +25,11 @@ class CpuBackend;
 
 class NcclBackend final : public Backend {
  public:
-  explicit NcclBackend(const DistributedConfig& config);
+  // The GPU this rank drives: cuda:LOCAL_RANK (modulo the visible GPUs). Throws, before any
+  // rendezvous, when this process has no usable GPU.
+  static Device deviceFor(const DistributedConfig& config);
+  // `cpu`: the TCP world of the same config, already formed (shut down here if NCCL fails).
+  NcclBackend(const DistributedConfig& config, const Device& gpu, std::shared_ptr<CpuBackend> cpu);
   ~NcclBackend() override;
 
   std::string name() const override { return "nccl"; }
