@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdlib>
 #include <optional>
 
 #include "cyxwiz/device/cuda.h"
@@ -62,15 +63,19 @@ void init_cuda(py::module_& m) {
   c.def("is_tf32_enabled", []() { return tf32; });
 }
 
-// build_info's CUDA fields: what was built, read from the library without touching a GPU.
+// build_info's CUDA fields: what was built, read from the library without touching a GPU. A CPU-only
+// build pointed at another build of the library (CYXWIZ_CUDA_LIBRARY) reports that library.
 void cudaBuildInfo(py::dict& info) {
-  info["cuda"] = device::cudaBuilt();
+  const char* override = std::getenv("CYXWIZ_CUDA_LIBRARY");
+  const bool overridden = override && *override;
+  const bool present = device::cudaBuilt() || overridden;
+  info["cuda"] = present;
   info["cuda_version"] = py::none();
-  info["nccl"] = device::cudaBuilt();
+  info["nccl"] = present;
   info["nccl_version"] = py::none();
   info["cublas_version"] = py::none();
   info["cuda_architectures"] = py::none();
-  if (!device::cudaBuilt()) {
+  if (!present) {
     info["cuda_note"] = "CPU-only build: " + device::cudaBuildNote();
     return;
   }
@@ -87,5 +92,5 @@ void cudaBuildInfo(py::dict& info) {
   py::list archs;  // "80-real 90-real ..." as CMake was given it
   for (py::handle a : py::str(api->architectures()).attr("split")()) archs.append(a);
   info["cuda_architectures"] = archs;
-  info["cuda_note"] = "CUDA build";
+  info["cuda_note"] = overridden ? std::string("CUDA library from CYXWIZ_CUDA_LIBRARY=") + override : "CUDA build";
 }

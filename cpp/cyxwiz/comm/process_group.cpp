@@ -29,7 +29,8 @@ void init(const DistributedConfig& config) {
                                "); call cx.distributed.finalize() before init() again"));
   }
   config.validate();
-  if (config.backend == BackendType::NCCL && !device::cudaBuilt()) {
+  // (A CPU-only build can still load another build of the CUDA library: CYXWIZ_CUDA_LIBRARY, the tests' emulator.)
+  if (config.backend == BackendType::NCCL && !device::cudaBuilt() && !device::tryCudaApi()) {
     throw BackendError(makeString(
         "init: this pycyxwiz build has no NCCL backend (", device::cudaBuildNote(), "). Use BackendType.CPU "
         "(DISTRIBUTED_BACKEND=cpu), or rebuild on a machine with the CUDA toolkit and the nvidia-nccl-cu13 and "

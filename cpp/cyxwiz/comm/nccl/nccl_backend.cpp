@@ -112,8 +112,8 @@ void NcclBackend::checkUsable(const char* what) {
 }
 
 void NcclBackend::pollUntil(const std::string& what, Clock::time_point deadline, const std::function<bool()>& done) {
-  auto nap = std::chrono::microseconds(10);
-  auto lastInterruptCheck = Clock::now();
+  const auto start = Clock::now();
+  auto lastInterruptCheck = start;
   for (;;) {
     if (done()) return;
     // A peer's failure shows up as the communicator's asynchronous error while we wait.
@@ -131,8 +131,10 @@ void NcclBackend::pollUntil(const std::string& what, Clock::time_point deadline,
       lastInterruptCheck = now;
       throwIfInterrupted(what.c_str());
     }
-    std::this_thread::sleep_for(nap);
-    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    // Short naps while a collective may still be on time (a late wake-up delays the optimizer's
+    // launch), long ones once it is clearly stuck.
+    std::this_thread::sleep_for(now - start < std::chrono::milliseconds(20) ? std::chrono::microseconds(20)
+                                                                           : std::chrono::microseconds(1000));
   }
 }
 

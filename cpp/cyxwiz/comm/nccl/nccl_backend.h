@@ -50,8 +50,8 @@ class NcclBackend final : public Backend {
  private:
   std::shared_ptr<Work> enqueue(CallSignature call, const Tensor& send, const Tensor& recv, cuda::CollectiveKind kind,
                                 bool async);
-  // Sleeps (10 us doubling to 1 ms) until `done`, watching the communicator's asynchronous error, the
-  // deadline (abort + DistTimeoutError) and Ctrl-C.
+  // Naps (20 us for the first 20 ms, then 1 ms) until `done`, watching the communicator's
+  // asynchronous error, the deadline (abort + DistTimeoutError) and Ctrl-C.
   void pollUntil(const std::string& what, std::chrono::steady_clock::time_point deadline,
                  const std::function<bool()>& done);
   // Runs a collective into `out` when it is on the GPU, else into a device copy that is copied back.
