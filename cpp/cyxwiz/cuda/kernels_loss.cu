@@ -13,21 +13,26 @@ namespace {
 // Blocks for a reduction over `rows` rows: one per row up to kMaxPartials, each then loops.
 unsigned partialBlocks(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, kMaxPartials)); }
 
+// One row, by the whole block: out[c] = exp(x[c] - max), returning 1 / sum(out) to every thread. Each
+// thread writes the columns it later reads, so callers may scale out[c] without another barrier.
+__device__ float softmaxNumerators(const float* xr, float* out, int64_t cols) {
+  float mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mx = fmaxf(mx, xr[c]);
+  mx = blockMax(mx);
+  double sum = 0.0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float e = expf(xr[c] - mx);
+    out[c] = e;
+    sum += e;
+  }
+  return static_cast<float>(1.0 / blockSum(sum));
+}
+
 __global__ void softmaxForwardKernel(const float* x, float* y, int64_t rows, int64_t cols) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* xr = x + r * cols;
     float* yr = y + r * cols;
-    float mx = -INFINITY;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mx = fmaxf(mx, xr[c]);
-    mx = blockMax(mx);
-    double sum = 0.0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float e = expf(xr[c] - mx);
-      yr[c] = e;
-      sum += e;
-    }
-    const float inv = static_cast<float>(1.0 / blockSum(sum));
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] *= inv;  // each thread its own elements
+    const float inv = softmaxNumerators(x + r * cols, yr, cols);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] *= inv;
   }
 }
 
@@ -73,18 +78,8 @@ __global__ void crossEntropyForwardKernel(const float* x, const int64_t* labels,
 __global__ void crossEntropyBackwardKernel(const float* x, const int64_t* labels, const float* probs, float* grad,
                                            int64_t rows, int64_t cols, float invRows) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* xr = x + r * cols;
     float* gr = grad + r * cols;
-    float mx = -INFINITY;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mx = fmaxf(mx, xr[c]);
-    mx = blockMax(mx);
-    double sum = 0.0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float e = expf(xr[c] - mx);
-      gr[c] = e;
-      sum += e;
-    }
-    const float inv = static_cast<float>(1.0 / blockSum(sum));
+    const float inv = softmaxNumerators(x + r * cols, gr, cols);
     if (labels) {
       const int64_t label = labels[r];
       for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {

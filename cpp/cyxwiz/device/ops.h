@@ -17,45 +17,9 @@ void broadcastRows(const Device& device, const float* row, float* out, int64_t r
 // out[j] += sum_r g[r, j].
 void addColumnSums(const Device& device, const float* g, float* out, int64_t rows, int64_t cols);
 
-// y = f(x) on the GPU for a CUDA tensor; CPU tensors take `cpu` (the module's own formula).
-template <typename F>
-Tensor activation(const Tensor& x, cuda::Activation f, F cpu);
-// dx = g f'(x) on the GPU for CUDA tensors; CPU tensors take `cpu(x, g)`.
-template <typename F>
-Tensor activationGrad(const Tensor& x, const Tensor& g, cuda::Activation f, F cpu);
-
-// ---- implementation ----
+// The GPU halves of the element-wise activations (nn/elementwise.h dispatches to them).
 void gpuActivation(const Tensor& x, Tensor& y, cuda::Activation f);
 void gpuActivationGrad(const Tensor& x, const Tensor& g, Tensor& dx, cuda::Activation f);
-
-template <typename F>
-Tensor activation(const Tensor& x, cuda::Activation f, F cpu) {
-  Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
-  if (x.isCuda()) {
-    gpuActivation(x, y, f);
-    return y;
-  }
-  const float* in = x.data<float>();
-  float* out = y.data<float>();
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) out[i] = cpu(in[i]);
-  return y;
-}
-
-template <typename F>
-Tensor activationGrad(const Tensor& x, const Tensor& g, cuda::Activation f, F cpu) {
-  Tensor dx = Tensor::empty(g.shape(), DType::Float32, g.device());
-  if (g.isCuda()) {
-    gpuActivationGrad(x, g, dx, f);
-    return dx;
-  }
-  const float* in = x.data<float>();
-  const float* gr = g.data<float>();
-  float* out = dx.data<float>();
-  const int64_t n = g.numel();
-  for (int64_t i = 0; i < n; ++i) out[i] = cpu(in[i], gr[i]);
-  return dx;
-}
 
 // Throws unless both tensors are on the same device; `who` names the caller.
 void requireSameDevice(const Tensor& a, const Tensor& b, const char* who);

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "cyxwiz/device/ops.h"
 #include "cyxwiz/tensor/tensor.h"
 
 namespace cyxwiz::nn {
@@ -32,6 +33,24 @@ Tensor zipElements(const Tensor& a, const Tensor& b, F f) {
   const int64_t n = b.numel();
   for (int64_t i = 0; i < n; ++i) y[i] = f(x[i], g[i]);
   return out;
+}
+
+// y = f(x): the GPU kernel `gpu` for a CUDA tensor, else the module's own formula `cpu`.
+template <typename F>
+Tensor activation(const Tensor& x, cuda::Activation gpu, F cpu) {
+  if (!x.isCuda()) return mapElements(x, cpu);
+  Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
+  ops::gpuActivation(x, y, gpu);
+  return y;
+}
+
+// dx = g f'(x), likewise; `cpu(x, g)` is the module's derivative.
+template <typename F>
+Tensor activationGrad(const Tensor& x, const Tensor& g, cuda::Activation gpu, F cpu) {
+  if (!g.isCuda()) return zipElements(x, g, cpu);
+  Tensor dx = Tensor::empty(g.shape(), DType::Float32, g.device());
+  ops::gpuActivationGrad(x, g, dx, gpu);
+  return dx;
 }
 
 }  // namespace cyxwiz::nn

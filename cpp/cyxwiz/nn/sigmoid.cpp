@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "cyxwiz/device/ops.h"
 #include "cyxwiz/nn/elementwise.h"
 
 namespace cyxwiz::nn {
@@ -21,13 +20,13 @@ inline float sigmoid(float x) {
 Tensor SigmoidModule::forward(const Tensor& input) {
   requireFloatTensor(input, "SigmoidModule.forward");
   input_ = keepForBackward(input);
-  return ops::activation(input, cuda::Activation::Sigmoid, sigmoid);
+  return activation(input, cuda::Activation::Sigmoid, sigmoid);
 }
 
 Tensor SigmoidModule::backward(const Tensor& gradOutput) {
   checkBackward(input_, gradOutput, input_.shape());
   if (!needInputGrad_) return Tensor();
-  return ops::activationGrad(input_, gradOutput, cuda::Activation::Sigmoid, [](float x, float g) {
+  return activationGrad(input_, gradOutput, cuda::Activation::Sigmoid, [](float x, float g) {
     float y = sigmoid(x);
     return g * y * (1.0f - y);
   });
