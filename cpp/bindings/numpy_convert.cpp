@@ -232,6 +232,10 @@ Tensor cudaArrayTensor(py::handle obj, const char* what) {
   if (ptr) {
     device::check(device::cudaApi().pointerDevice(ptr, &dev));
     CYX_CHECK(dev >= 0, what, ": __cuda_array_interface__ points at host memory");
+    // Version 3: our kernels must not read the array before the producer's queued writes land.
+    if (cai.contains("stream") && !cai["stream"].is_none()) {
+      device::check(device::cudaApi().computeWaitsForStream(dev, cai["stream"].cast<uintptr_t>()));
+    }
   }
   return Tensor::fromExternal(ptr, shape, dtype, pythonOwner(py::reinterpret_borrow<py::object>(obj)),
                               Device{DeviceType::CUDA, dev});

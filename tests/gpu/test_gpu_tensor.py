@@ -104,3 +104,30 @@ def test_tensor_to_a_missing_gpu_raises_value_error():
     assert f"cuda:{GPU_COUNT} requested" in str(e.value) and "visible" in str(e.value), str(e.value)
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         cx.Tensor(np.ones(3, np.float32)).to("tpu")
+
+
+class _Producer:
+    """A foreign GPU array: another library's __cuda_array_interface__ over memory it owns."""
+
+    def __init__(self, owner, stream):
+        self.owner = owner  # keeps the memory alive
+        self.__cuda_array_interface__ = dict(owner.__cuda_array_interface__, stream=stream)
+
+
+@pytest.mark.parametrize("stream", [None, 1, 2])
+def test_foreign_gpu_arrays_are_read_in_place_after_their_stream(stream):
+    # Version 3 of the interface names the producer's stream; the engine orders its reads after it
+    # (1 and 2: the legacy and per-thread default streams, as CuPy and PyTorch report them).
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    cx.manual_seed(0)
+    model = cx.SequentialModel()
+    model.add(cx.LinearModule(4, 3))
+    expected = model.forward(x)
+    model.to("cuda")
+    out = model.forward(_Producer(cx.Tensor(x).to("cuda"), stream))
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-6)
+    target = cx.Tensor(np.array([0, 1, 2, 0, 1], np.int64)).to("cuda")
+    loss = cx.CrossEntropyLoss()
+    assert loss.forward(out, _Producer(target, stream)) == pytest.approx(loss.forward(expected, np.array([0, 1, 2, 0, 1])),
+                                                                         rel=1e-5)

@@ -19,7 +19,7 @@
 namespace cyxwiz::cuda {
 
 // Bumped on any change below; _core refuses a library of another version.
-constexpr int kApiVersion = 1;
+constexpr int kApiVersion = 2;
 
 using Status = std::string;  // empty: success
 
@@ -127,6 +127,9 @@ class Api {
   virtual Status commWaitsForCompute(int dev) noexcept = 0;
   // Makes dev's compute stream wait for `event` (from a collective).
   virtual Status computeWaitsFor(int dev, void* event) noexcept = 0;
+  // Makes dev's compute stream wait for the work queued so far on another library's stream (the
+  // `stream` of a __cuda_array_interface__: 1 and 2 are the legacy and per-thread default streams).
+  virtual Status computeWaitsForStream(int dev, uintptr_t stream) noexcept = 0;
   virtual Status eventQuery(void* event, bool* done) noexcept = 0;
   virtual void eventRelease(void* event) noexcept = 0;
 

@@ -64,6 +64,7 @@ class ApiImpl final : public Api {
 
   Status commWaitsForCompute(int dev) noexcept override;
   Status computeWaitsFor(int dev, void* event) noexcept override;
+  Status computeWaitsForStream(int dev, uintptr_t stream) noexcept override;
   Status eventQuery(void* event, bool* done) noexcept override;
   void eventRelease(void* event) noexcept override;
 

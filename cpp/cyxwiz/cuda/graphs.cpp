@@ -60,6 +60,18 @@ Status ApiImpl::computeWaitsFor(int dev, void* event) noexcept {
   return {};
 }
 
+Status ApiImpl::computeWaitsForStream(int dev, uintptr_t stream) noexcept {
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  cudaEvent_t ev = nullptr;
+  CX_CUDA_TRY(dev, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  cudaError_t e = cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(stream));
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(s->compute, ev, 0);
+  cudaEventDestroy(ev);  // destroying a recorded event is safe: the wait keeps what it needs
+  if (e != cudaSuccess) return cudaFailure("cudaStreamWaitEvent (producer's stream)", dev, e);
+  return {};
+}
+
 Status ApiImpl::recordCommEvent(int dev, void** event) noexcept {
   *event = nullptr;
   DeviceState* s = nullptr;

@@ -743,6 +743,14 @@ class EmulatedApi final : public Api {
     return {};  // nothing runs later on the emulated compute stream: there is nothing to order
   }
 
+  Status computeWaitsForStream(int dev, uintptr_t stream) noexcept override {
+    EMU_TRY(useDevice(dev));
+    // 0 is not a valid __cuda_array_interface__ stream (the spec reserves it); anything else is a
+    // foreign stream the emulator has nothing queued on.
+    if (stream == 0) return cat("emulator: computeWaitsForStream got stream 0, which __cuda_array_interface__ forbids");
+    return {};
+  }
+
   Status recordCommEvent(int dev, void** event) noexcept override {
     *event = nullptr;
     EMU_TRY(useDevice(dev));
