@@ -31,7 +31,13 @@ for attempt in ("first", "second"):
         out[attempt] = ["returned", "", time.monotonic() - start]
     except D.DistError as e:
         out[attempt] = [type(e).__name__, str(e), time.monotonic() - start]
-# The backend is broken now; finalize must still return, and a CPU world forms afterwards.
+# Broken: host arrays (the TCP ring) fail with the same error too.
+try:
+    D.all_reduce(np.ones(3, np.float32))
+    out["host"] = ["returned", ""]
+except D.DistError as e:
+    out["host"] = [type(e).__name__, str(e)]
+# Finalize must still return, and a CPU world forms afterwards.
 D.finalize()
 cfg = D.DistributedConfig.from_environment()
 cfg.backend = D.BackendType.CPU
@@ -60,4 +66,5 @@ def test_a_collective_that_never_completes_times_out_and_aborts():
     kind2, message2, elapsed2 = out["second"]
     assert (kind2, message2) == (kind, message), "a broken backend fails fast with the original error"
     assert elapsed2 < 0.5, elapsed2
+    assert out["host"] == [kind, message], "host-array collectives of a broken backend fail with it too"
     assert out["cpu_after"] == [2.0, 2.0, 2.0]

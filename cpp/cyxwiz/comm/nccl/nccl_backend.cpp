@@ -32,7 +32,7 @@ Device NcclBackend::deviceFor(const DistributedConfig& config) {
   int count = device::cudaDeviceCount(&why);
   if (count == 0) {
     throw BackendError(makeString("init: the NCCL backend (DISTRIBUTED_BACKEND=nccl) needs a GPU on rank ", config.rank,
-                                  ", but ", why, ". Use DISTRIBUTED_BACKEND=cpu (BackendType.CPU), which also trains GPU models"));
+                                  ", but ", why, ". Use DISTRIBUTED_BACKEND=cpu (BackendType.CPU) to train on the CPU"));
   }
   if (config.localRank < count) return Device{DeviceType::CUDA, config.localRank};
   // Slurm's --gpus-per-task (or any per-rank CUDA_VISIBLE_DEVICES) shows each rank only its own GPUs
@@ -104,6 +104,11 @@ void NcclBackend::fail(const std::string& message, bool timeout) {
                                      : std::make_exception_ptr(BackendError(full));
   if (!broken_) broken_ = error;
   std::rethrow_exception(error);
+}
+
+void NcclBackend::throwIfBroken() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (broken_) std::rethrow_exception(broken_);
 }
 
 void NcclBackend::checkUsable(const char* what) {
@@ -194,12 +199,14 @@ std::shared_ptr<Work> NcclBackend::enqueue(CallSignature call, const Tensor& sen
 }
 
 std::shared_ptr<Work> NcclBackend::allReduce(const Tensor& data, ReduceOp op, bool async) {
+  throwIfBroken();
   if (!data.isCuda()) return cpu_->allReduce(data, op, async);
   checkReduceOp(op, data.dtype());
   return enqueue(callSignature(Collective::AllReduce, data, op), data, data, cuda::CollectiveKind::AllReduce, async);
 }
 
 std::shared_ptr<Work> NcclBackend::broadcast(const Tensor& data, int src, bool async) {
+  throwIfBroken();
   if (!data.isCuda()) return cpu_->broadcast(data, src, async);
   CYX_CHECK(src >= 0 && src < config_.worldSize, "broadcast: src=", src, " is not a rank: expected 0..", config_.worldSize - 1);
   return enqueue(callSignature(Collective::Broadcast, data, ReduceOp::Sum, src), data, data, cuda::CollectiveKind::Broadcast,
@@ -219,6 +226,7 @@ std::shared_ptr<Work> NcclBackend::onDevice(const Tensor& out,
 }
 
 std::shared_ptr<Work> NcclBackend::allGather(const Tensor& in, const Tensor& out, bool async) {
+  throwIfBroken();
   if (!in.isCuda() && !out.isCuda()) return cpu_->allGather(in, out, async);
   CYX_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * config_.worldSize,
             "all_gather: the output must hold world_size x ", in.numel(), " elements of ", dtypeName(in.dtype()));
@@ -229,6 +237,7 @@ std::shared_ptr<Work> NcclBackend::allGather(const Tensor& in, const Tensor& out
 }
 
 std::shared_ptr<Work> NcclBackend::reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
+  throwIfBroken();
   if (!in.isCuda() && !out.isCuda()) return cpu_->reduceScatter(in, out, op, async);
   checkReduceOp(op, in.dtype());
   const int64_t n = in.numel(), world = config_.worldSize;

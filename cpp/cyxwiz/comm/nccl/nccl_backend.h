@@ -57,7 +57,9 @@ class NcclBackend final : public Backend {
   // Runs a collective into `out` when it is on the GPU, else into a device copy that is copied back.
   std::shared_ptr<Work> onDevice(const Tensor& out, const std::function<std::shared_ptr<Work>(const Tensor&)>& run);
   void checkDuplicateGpu();
-  void checkUsable(const char* what);
+  void checkUsable(const char* what);  // with mutex_ held
+  // After an NCCL error every collective fails with it, host-tensor ones (TCP ring) included.
+  void throwIfBroken();
   [[noreturn]] void fail(const std::string& message, bool timeout);
   std::string where() const;  // "rank 1/4 on cuda:1"
 
