@@ -1,9 +1,10 @@
-# libcyxwiz_cuda.so: GPU kernels, cuBLAS and NCCL behind cyxwiz/cuda/api.h. _core opens it with
+# libcyxwiz_cuda.so: GPU kernels, cuBLAS(Lt) and NCCL behind cyxwiz/cuda/api.h. _core opens it with
 # dlopen on first GPU use, so `import pycyxwiz` never needs CUDA, a driver or a GPU.
 #
-# CYXWIZ_CUDA=AUTO (default) builds it when nvcc, cuBLAS and NCCL are all found, ON insists, OFF skips.
-# cuBLAS and NCCL come from the CUDA toolkit / system, or from the nvidia-cublas and nvidia-nccl-cu13
-# wheels in the building Python's site-packages (found through the `nvidia` namespace package).
+# CYXWIZ_CUDA=AUTO (default) builds it when nvcc, cuBLAS, cuBLASLt and NCCL are all found, ON insists,
+# OFF skips. cuBLAS/cuBLASLt and NCCL come from the CUDA toolkit / system, or from the nvidia-cublas
+# and nvidia-nccl-cu13 wheels in the building Python's site-packages (found through the `nvidia`
+# namespace package).
 set(CYXWIZ_CUDA "AUTO" CACHE STRING "Build the CUDA library: AUTO, ON or OFF")
 set(CYXWIZ_CUDA_ARCHITECTURES "80-real;90-real;100-real;90-virtual" CACHE STRING
     "GPU architectures for the CUDA kernels (Ampere, Hopper, Blackwell, plus PTX for newer GPUs)")
@@ -39,12 +40,16 @@ else()
     find_package(CUDAToolkit)
     find_path(CYXWIZ_CUBLAS_INCLUDE cublas_v2.h HINTS ${wheel_include} ${CUDAToolkit_INCLUDE_DIRS})
     find_library(CYXWIZ_CUBLAS_LIB NAMES cublas libcublas.so.13 libcublas.so.12 HINTS ${wheel_lib} ${CUDAToolkit_LIBRARY_DIR})
+    find_library(CYXWIZ_CUBLASLT_LIB NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12
+                 HINTS ${wheel_lib} ${CUDAToolkit_LIBRARY_DIR})
     find_path(CYXWIZ_NCCL_INCLUDE nccl.h HINTS ${wheel_include} ${CUDAToolkit_INCLUDE_DIRS})
     find_library(CYXWIZ_NCCL_LIB NAMES nccl libnccl.so.2 HINTS ${wheel_lib} ${CUDAToolkit_LIBRARY_DIR})
     if(NOT CUDAToolkit_FOUND)
       cyxwiz_cuda_skip("the CUDA toolkit was not found")
     elseif(NOT CYXWIZ_CUBLAS_INCLUDE OR NOT CYXWIZ_CUBLAS_LIB)
       cyxwiz_cuda_skip("cuBLAS was not found (pip install nvidia-cublas, or the toolkit's libcublas)")
+    elseif(NOT CYXWIZ_CUBLASLT_LIB)
+      cyxwiz_cuda_skip("cuBLASLt was not found (pip install nvidia-cublas, or the toolkit's libcublasLt)")
     elseif(NOT CYXWIZ_NCCL_INCLUDE OR NOT CYXWIZ_NCCL_LIB)
       cyxwiz_cuda_skip("NCCL was not found (pip install nvidia-nccl-cu13)")
     else()
@@ -71,17 +76,20 @@ if(CYXWIZ_CUDA_BUILT)
   endforeach()
   file(CREATE_LINK "${CYXWIZ_NCCL_INCLUDE}/nccl.h" "${vendor_include}/nccl.h" SYMBOLIC)
   target_include_directories(cyxwiz_cuda PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} "${vendor_include}")
-  # cuBLASLt sits beside cuBLAS and is loaded by it; the static runtime needs no libcudart at run time.
-  target_link_libraries(cyxwiz_cuda PRIVATE CUDA::cudart_static ${CYXWIZ_CUBLAS_LIB} ${CYXWIZ_NCCL_LIB})
+  # cuBLASLt is called directly (blas_lt.cu), not only through cuBLAS; the static runtime needs no
+  # libcudart at run time.
+  target_link_libraries(cyxwiz_cuda PRIVATE CUDA::cudart_static ${CYXWIZ_CUBLAS_LIB} ${CYXWIZ_CUBLASLT_LIB}
+                        ${CYXWIZ_NCCL_LIB})
   target_compile_options(cyxwiz_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O3 -Wall -Wextra> $<$<COMPILE_LANGUAGE:CUDA>:-O3>)
   string(REPLACE ";" " " archs "${CYXWIZ_CUDA_ARCHITECTURES}")  # a list would split the definition
   target_compile_definitions(cyxwiz_cuda PRIVATE "CYXWIZ_CUDA_ARCHITECTURES=\"${archs}\"")
   target_link_options(cyxwiz_cuda PRIVATE "LINKER:--version-script=${CMAKE_CURRENT_SOURCE_DIR}/cyxwiz/cuda/exports.map")
   # Found at run time beside us in site-packages (the wheels), else where the build found them.
   get_filename_component(cublas_dir "${CYXWIZ_CUBLAS_LIB}" DIRECTORY)
+  get_filename_component(cublaslt_dir "${CYXWIZ_CUBLASLT_LIB}" DIRECTORY)
   get_filename_component(nccl_dir "${CYXWIZ_NCCL_LIB}" DIRECTORY)
   set_target_properties(cyxwiz_cuda PROPERTIES
-    INSTALL_RPATH "$ORIGIN/../nvidia/cu13/lib;$ORIGIN/../nvidia/nccl/lib;$ORIGIN/../nvidia/cublas/lib;${cublas_dir};${nccl_dir}"
+    INSTALL_RPATH "$ORIGIN/../nvidia/cu13/lib;$ORIGIN/../nvidia/nccl/lib;$ORIGIN/../nvidia/cublas/lib;${cublas_dir};${cublaslt_dir};${nccl_dir}"
     BUILD_WITH_INSTALL_RPATH ON)
   install(TARGETS cyxwiz_cuda LIBRARY DESTINATION pycyxwiz)
 endif()

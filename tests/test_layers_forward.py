@@ -317,6 +317,57 @@ def test_sequential_forward_matches_composed_reference():
     assert "LinearModule" in model.summary() and str(model.num_parameters()) in model.summary()
 
 
+@pytest.mark.parametrize("relu_last", [False, True], ids=["relu-inside", "relu-last"])
+def test_sequential_linear_relu_fusion_matches_layer_by_layer(relu_last):
+    """A LinearModule followed by a ReLUModule runs as one fused call inside a model (not when the
+    ReLU is the last layer). Outputs and every gradient must equal running the layers one by one,
+    and numpy; exact zeros of the pre-activation must get zero gradient, as ReLU's kink."""
+    cx.manual_seed(21)
+    layers = [cx.LinearModule(5, 8), cx.ReLUModule(), cx.LinearModule(8, 3, bias=False), cx.ReLUModule(),
+              cx.LinearModule(3, 4)]
+    if relu_last:
+        layers.append(cx.ReLUModule())
+    model = cx.SequentialModel()
+    for layer in layers:
+        model.add(layer)
+    rng = np.random.RandomState(21)
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    x[0] = 0.0  # row 0: pre-activation = bias of the first layer; zero that bias entry below
+    model.parameters()[1][0] = 0.0  # an exact 0 before the first ReLU: the kink
+    out = model.forward(x)
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    model.zero_grad()
+    model.backward(g)
+    fused_grads = [np.array(a, copy=True) for a in model.gradients()]
+
+    # Layer by layer through the modules' own forward/backward (no fusion there).
+    h = [x]
+    for layer in layers:
+        h.append(np.asarray(layer.forward(h[-1])))
+    np.testing.assert_array_equal(out, h[-1])
+    model.zero_grad()
+    d = g
+    for i in reversed(range(len(layers))):
+        d = layers[i].backward(d)
+    for fused, plain in zip(fused_grads, model.gradients()):
+        np.testing.assert_array_equal(fused, plain)
+
+    # numpy, in float64.
+    params = [p.astype(np.float64) for p in model.parameters()]
+    w1, b1, w2, w3, b3 = params
+    z1 = x.astype(np.float64) @ w1.T + b1
+    a1 = np.maximum(z1, 0)
+    z2 = a1 @ w2.T
+    a2 = np.maximum(z2, 0)
+    z3 = a2 @ w3.T + b3
+    ref = np.maximum(z3, 0) if relu_last else z3
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    d3 = g.astype(np.float64) * (z3 > 0) if relu_last else g.astype(np.float64)
+    d1 = (d3 @ w3 * (z2 > 0)) @ w2 * (z1 > 0)
+    assert z1[0, 0] == 0.0 and d1[0, 0] == 0.0
+    np.testing.assert_allclose(fused_grads[1], d1.sum(axis=0), rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------------------------- losses
 
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]

@@ -447,3 +447,55 @@ def test_cuda_array_interface_inputs(cuda_arrays):
     # And the other way: a cx GPU tensor read by the library through the interface.
     back = to_host(consume(out))
     assert np.array_equal(back, np.asarray(out)), f"{name} reads another array through __cuda_array_interface__"
+
+
+LT_SCRIPT = r"""
+import sys
+import numpy as np
+import pycyxwiz as cx
+out = {}
+rng = np.random.RandomState(3)
+for rows, fin, fout, bias in [(1, 1, 1, True), (3, 7, 5, True), (64, 784, 256, True), (64, 256, 10, False),
+                              (33, 129, 65, True)]:
+    for relu_after in (False, True):
+        cx.manual_seed(rows + fin + fout)
+        model = cx.SequentialModel()
+        model.add(cx.LinearModule(fin, fout, bias=bias))
+        if relu_after:
+            model.add(cx.ReLUModule())
+            model.add(cx.LinearModule(fout, 2))  # the ReLU is fused only when it is not the last layer
+        model.to("cuda")
+        x = rng.standard_normal((rows, fin)).astype(np.float32)
+        y = model.forward(x)
+        g = rng.standard_normal(y.shape).astype(np.float32)
+        model.backward(g)
+        key = f"{rows}x{fin}x{fout}-{bias}-{relu_after}"
+        out[key + "-y"] = np.asarray(y)
+        for i, grad in enumerate(model.gradients()):
+            out[f"{key}-g{i}"] = grad
+np.savez(sys.argv[1], **out)
+"""
+
+
+def test_cublaslt_epilogues_match_the_unfused_path(tmp_path):
+    """Linear (+ ReLU) through cuBLASLt's BIAS / RELU_BIAS epilogues against the same model with
+    CYXWIZ_CUBLASLT=0 (bias kernel, cuBLAS GEMM, ReLU kernel), in two processes (the switch is read
+    once). Odd shapes included, where cuBLASLt may fall back itself. Under the emulator both runs take
+    the emulator's one path; on a GPU this compares the epilogues with the kernels."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "lt.py"
+    script.write_text(LT_SCRIPT)
+    results = {}
+    for setting in ("1", "0"):
+        env = dict(os.environ, CYXWIZ_CUBLASLT=setting)
+        path = tmp_path / f"lt{setting}.npz"
+        proc = subprocess.run([sys.executable, str(script), str(path)], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, f"CYXWIZ_CUBLASLT={setting}: {proc.stderr[-2000:]}"
+        results[setting] = dict(np.load(path))
+    assert results["1"].keys() == results["0"].keys() and len(results["1"]) == 5 * (3 + 5) - 2
+    for key, want in results["0"].items():
+        close(results["1"][key], want, f"{key} (cuBLASLt epilogue vs unfused)", GEMM)

@@ -19,7 +19,7 @@
 namespace cyxwiz::cuda {
 
 // Bumped on any change below; _core refuses a library of another version.
-constexpr int kApiVersion = 2;
+constexpr int kApiVersion = 3;
 
 using Status = std::string;  // empty: success
 
@@ -95,18 +95,26 @@ class Api {
   virtual Status softmaxBackward(int dev, const float* y, const float* g, float* dx, int64_t rows,
                                  int64_t cols) noexcept = 0;
   // Softmax cross-entropy over rows of `logits`; the target is either `labels` (int64 class indices,
-  // already range-checked) or `probs` (float32 rows); the other is null. Forward writes the batch mean
-  // into `*loss` on the host (a synchronising read); backward writes d(mean)/d(logits) into `grad`.
+  // already range-checked) or `probs` (float32 rows); the other is null. Forward adds
+  // scale * (sum of the row losses) into `*sum`, a double in dev's memory: no host read, so a training
+  // loop can accumulate a whole epoch on the device (scale = 1 / rows gives the batch mean). Backward
+  // writes d(mean)/d(logits) into `grad`.
   virtual Status crossEntropyForward(int dev, const float* logits, const int64_t* labels, const float* probs,
-                                     int64_t rows, int64_t classes, double* loss) noexcept = 0;
+                                     int64_t rows, int64_t classes, double scale, double* sum) noexcept = 0;
   virtual Status crossEntropyBackward(int dev, const float* logits, const int64_t* labels, const float* probs,
                                       float* grad, int64_t rows, int64_t classes) noexcept = 0;
-  // mean((y - t)^2) into `*loss` on the host; grad = 2 (y - t) / n.
-  virtual Status mseForward(int dev, const float* y, const float* t, int64_t n, double* loss) noexcept = 0;
+  // `*sum` (device) += scale * sum((y - t)^2); grad = 2 (y - t) / n.
+  virtual Status mseForward(int dev, const float* y, const float* t, int64_t n, double scale, double* sum) noexcept = 0;
   virtual Status mseBackward(int dev, const float* y, const float* t, float* grad, int64_t n) noexcept = 0;
-  // Rows whose argmax (first maximum) equals the label / the target row's argmax, into `*correct` (host).
+  // `*sum` (device) += the rows whose argmax (first maximum) equals the label / the target row's argmax.
   virtual Status countCorrect(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
-                              int64_t classes, int64_t* correct) noexcept = 0;
+                              int64_t classes, double* sum) noexcept = 0;
+  // A linear layer's forward in one call: y = x w^T (+ bias) (then ReLU when `relu`), with x (rows, in),
+  // w (out, in) and y (rows, out) row-major and bias (out) or null. One cuBLASLt matmul with a BIAS /
+  // RELU_BIAS epilogue where cuBLASLt offers one for the shape, else GEMM, bias and ReLU kernels:
+  // the result is the same either way up to float32 rounding of the GEMM.
+  virtual Status linearForward(int dev, const float* x, const float* w, const float* bias, float* y, int64_t rows,
+                               int64_t in, int64_t out, bool relu) noexcept = 0;
 
   // ---- fused optimizers over one flat buffer (formulas as nn/sgd.cpp and nn/adam.cpp) ----
   // buf null: p -= lr (g + wd p). Else buf = mu buf + (g + wd p); p -= lr (nesterov ? g' + mu buf : buf).

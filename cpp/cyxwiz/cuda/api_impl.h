@@ -1,5 +1,5 @@
 // The one implementation of cuda::Api. Its methods are defined by topic across the .cu/.cpp files
-// of this directory (memory.cpp, blas.cu, kernels_*.cu, graphs.cpp, nccl.cpp, api_impl.cpp).
+// of this directory (memory.cpp, blas.cu, blas_lt.cu, kernels_*.cu, graphs.cpp, nccl.cpp, api_impl.cpp).
 #pragma once
 
 #include "cyxwiz/cuda/api.h"
@@ -44,13 +44,15 @@ class ApiImpl final : public Api {
   Status softmaxBackward(int dev, const float* y, const float* g, float* dx, int64_t rows,
                          int64_t cols) noexcept override;
   Status crossEntropyForward(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
-                             int64_t classes, double* loss) noexcept override;
+                             int64_t classes, double scale, double* sum) noexcept override;
   Status crossEntropyBackward(int dev, const float* logits, const int64_t* labels, const float* probs, float* grad,
                               int64_t rows, int64_t classes) noexcept override;
-  Status mseForward(int dev, const float* y, const float* t, int64_t n, double* loss) noexcept override;
+  Status mseForward(int dev, const float* y, const float* t, int64_t n, double scale, double* sum) noexcept override;
   Status mseBackward(int dev, const float* y, const float* t, float* grad, int64_t n) noexcept override;
   Status countCorrect(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
-                      int64_t classes, int64_t* correct) noexcept override;
+                      int64_t classes, double* sum) noexcept override;
+  Status linearForward(int dev, const float* x, const float* w, const float* bias, float* y, int64_t rows, int64_t in,
+                       int64_t out, bool relu) noexcept override;
 
   Status sgdStep(int dev, float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
                  float weightDecay, bool nesterov) noexcept override;

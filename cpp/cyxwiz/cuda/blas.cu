@@ -27,6 +27,8 @@ __global__ void scaleMatrixKernel(float* c, int64_t m, int64_t n, int64_t ldc, f
 
 }  // namespace
 
+bool tf32Enabled() noexcept { return gTF32.load(std::memory_order_relaxed); }
+
 void ApiImpl::setTF32(bool enabled) noexcept { gTF32.store(enabled, std::memory_order_relaxed); }
 
 Status ApiImpl::gemm(int dev, bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -44,7 +46,7 @@ Status ApiImpl::gemm(int dev, bool transA, bool transB, int64_t m, int64_t n, in
   // FP32's mantissa and exponent bits, so never TF32 (and setting it on every call overrides any
   // default math mode an environment variable may have given the handle). CUBLAS_PEDANTIC_MATH
   // would also be plain FP32 but is meant for debugging and may select slower kernels.
-  const cublasMath_t mode = gTF32.load(std::memory_order_relaxed) ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+  const cublasMath_t mode = tf32Enabled() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
   std::lock_guard<std::mutex> lock(s->mutex);  // the math mode belongs to the shared handle
   CX_CUBLAS_TRY(dev, "cublasSetMathMode", cublasSetMathMode(s->blas, mode));
   // 64-bit sizes: no overflow for large layers or batches.

@@ -122,30 +122,23 @@ __global__ void countCorrectKernel(const float* x, const int64_t* labels, const 
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-// One block: sum of partial[0..count) times scale, into *out. Fixed order for a given count.
-__global__ void finishSumKernel(const double* partial, int count, double scale, double* out) {
+// One block: *sum += scale * (sum of partial[0..count)). Fixed order for a given count.
+__global__ void finishSumKernel(const double* partial, int count, double scale, double* sum) {
   double acc = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
   acc = blockSum(acc);
-  if (threadIdx.x == 0) *out = acc * scale;
+  if (threadIdx.x == 0) *sum += acc * scale;
 }
 
-__global__ void finishCountKernel(const long long* partial, int count, long long* out) {
+__global__ void finishCountKernel(const long long* partial, int count, double* sum) {
   long long acc = 0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
   acc = blockSum(acc);
-  if (threadIdx.x == 0) *out = acc;
+  if (threadIdx.x == 0) *sum += static_cast<double>(acc);
 }
 
 Status targetMissing(const char* who, int dev) {
   return std::string(who) + " on cuda:" + std::to_string(dev) + ": neither labels nor probs was given";
-}
-
-// Copies `bytes` of a result from device scratch to the pinned host slot and waits for it.
-Status readScalar(DeviceState* s, void* host, const void* device, size_t bytes) {
-  CX_CUDA_TRY(s->dev, "cudaMemcpyAsync", cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s->compute));
-  CX_CUDA_TRY(s->dev, "cudaStreamSynchronize", cudaStreamSynchronize(s->compute));
-  return {};
 }
 
 }  // namespace
@@ -168,23 +161,20 @@ Status ApiImpl::softmaxBackward(int dev, const float* y, const float* g, float* 
 }
 
 Status ApiImpl::crossEntropyForward(int dev, const float* logits, const int64_t* labels, const float* probs,
-                                    int64_t rows, int64_t classes, double* loss) noexcept {
-  *loss = 0.0;
+                                    int64_t rows, int64_t classes, double scale, double* sum) noexcept {
   if (!labels && !probs) return targetMissing("crossEntropyForward", dev);
   if (rows <= 0 || classes <= 0) return {};
   DeviceState* s = nullptr;
   CX_TRY(useDevice(dev, &s));
-  std::lock_guard<std::mutex> lock(s->mutex);  // scratch and host slots
+  // The partials are shared by every reduction of this device. They run in order on the compute
+  // stream; the lock keeps another thread's reduction from being enqueued between our two kernels.
+  std::lock_guard<std::mutex> lock(s->mutex);
   const unsigned blocks = partialBlocks(rows);
   crossEntropyForwardKernel<<<blocks, rowThreads(classes), 0, s->compute>>>(logits, labels, probs, rows, classes,
                                                                            s->scratch->partial);
   CX_TRY(launchStatus("crossEntropyForwardKernel", dev));
-  finishSumKernel<<<1, kThreads, 0, s->compute>>>(s->scratch->partial, static_cast<int>(blocks),
-                                                  1.0 / static_cast<double>(rows), &s->scratch->sum);
-  CX_TRY(launchStatus("finishSumKernel", dev));
-  CX_TRY(readScalar(s, &s->host->sum, &s->scratch->sum, sizeof(double)));
-  *loss = s->host->sum;
-  return {};
+  finishSumKernel<<<1, kThreads, 0, s->compute>>>(s->scratch->partial, static_cast<int>(blocks), scale, sum);
+  return launchStatus("finishSumKernel", dev);
 }
 
 Status ApiImpl::crossEntropyBackward(int dev, const float* logits, const int64_t* labels, const float* probs,
@@ -199,8 +189,7 @@ Status ApiImpl::crossEntropyBackward(int dev, const float* logits, const int64_t
   return launchStatus("crossEntropyBackwardKernel", dev);
 }
 
-Status ApiImpl::mseForward(int dev, const float* y, const float* t, int64_t n, double* loss) noexcept {
-  *loss = 0.0;
+Status ApiImpl::mseForward(int dev, const float* y, const float* t, int64_t n, double scale, double* sum) noexcept {
   if (n <= 0) return {};
   DeviceState* s = nullptr;
   CX_TRY(useDevice(dev, &s));
@@ -208,12 +197,8 @@ Status ApiImpl::mseForward(int dev, const float* y, const float* t, int64_t n, d
   const unsigned blocks = std::min<unsigned>(gridFor(n), kMaxPartials);
   squaredErrorKernel<<<blocks, kThreads, 0, s->compute>>>(y, t, n, s->scratch->partial);
   CX_TRY(launchStatus("squaredErrorKernel", dev));
-  finishSumKernel<<<1, kThreads, 0, s->compute>>>(s->scratch->partial, static_cast<int>(blocks),
-                                                  1.0 / static_cast<double>(n), &s->scratch->sum);
-  CX_TRY(launchStatus("finishSumKernel", dev));
-  CX_TRY(readScalar(s, &s->host->sum, &s->scratch->sum, sizeof(double)));
-  *loss = s->host->sum;
-  return {};
+  finishSumKernel<<<1, kThreads, 0, s->compute>>>(s->scratch->partial, static_cast<int>(blocks), scale, sum);
+  return launchStatus("finishSumKernel", dev);
 }
 
 Status ApiImpl::mseBackward(int dev, const float* y, const float* t, float* grad, int64_t n) noexcept {
@@ -225,8 +210,7 @@ Status ApiImpl::mseBackward(int dev, const float* y, const float* t, float* grad
 }
 
 Status ApiImpl::countCorrect(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
-                             int64_t classes, int64_t* correct) noexcept {
-  *correct = 0;
+                             int64_t classes, double* sum) noexcept {
   if (!labels && !probs) return targetMissing("countCorrect", dev);
   if (rows <= 0 || classes <= 0) return {};
   DeviceState* s = nullptr;
@@ -236,11 +220,8 @@ Status ApiImpl::countCorrect(int dev, const float* logits, const int64_t* labels
   countCorrectKernel<<<blocks, rowThreads(classes), 0, s->compute>>>(logits, labels, probs, rows, classes,
                                                                     s->scratch->count);
   CX_TRY(launchStatus("countCorrectKernel", dev));
-  finishCountKernel<<<1, kThreads, 0, s->compute>>>(s->scratch->count, static_cast<int>(blocks), &s->scratch->total);
-  CX_TRY(launchStatus("finishCountKernel", dev));
-  CX_TRY(readScalar(s, &s->host->total, &s->scratch->total, sizeof(long long)));
-  *correct = s->host->total;
-  return {};
+  finishCountKernel<<<1, kThreads, 0, s->compute>>>(s->scratch->count, static_cast<int>(blocks), sum);
+  return launchStatus("finishCountKernel", dev);
 }
 
 }  // namespace cyxwiz::cuda

@@ -12,18 +12,15 @@ namespace cyxwiz::cuda {
 namespace {
 
 constexpr int kMaxDevices = 64;
-// cuBLAS's recommended workspace for Hopper and later (4 MiB suffices before); given explicitly so
-// that captured graphs reuse it instead of cuBLAS allocating one per capture.
-constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
 
 std::array<std::atomic<DeviceState*>, kMaxDevices> gStates{};
 std::mutex gCreateMutex;
 
 void release(DeviceState* s) noexcept {
   if (s->blas) cublasDestroy(s->blas);
+  if (s->lt) cublasLtDestroy(s->lt);
   if (s->blasWorkspace) cudaFree(s->blasWorkspace);
   if (s->scratch) cudaFree(s->scratch);
-  if (s->host) cudaFreeHost(s->host);
   if (s->computeMark) cudaEventDestroy(s->computeMark);
   if (s->compute) cudaStreamDestroy(s->compute);
   if (s->comm) cudaStreamDestroy(s->comm);
@@ -43,13 +40,13 @@ Status create(int dev, DeviceState* s) noexcept {
   CX_CUDA_TRY(dev, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&s->comm, cudaStreamNonBlocking));
   CX_CUDA_TRY(dev, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&s->computeMark, cudaEventDisableTiming));
   CX_CUDA_TRY(dev, "cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&s->scratch), sizeof(DeviceScratch)));
-  CX_CUDA_TRY(dev, "cudaMallocHost", cudaMallocHost(reinterpret_cast<void**>(&s->host), sizeof(HostScalars)));
   CX_CUDA_TRY(dev, "cudaMalloc", cudaMalloc(&s->blasWorkspace, kBlasWorkspaceBytes));
   CX_CUBLAS_TRY(dev, "cublasCreate", cublasCreate(&s->blas));
   CX_CUBLAS_TRY(dev, "cublasSetStream", cublasSetStream(s->blas, s->compute));
   CX_CUBLAS_TRY(dev, "cublasSetWorkspace", cublasSetWorkspace(s->blas, s->blasWorkspace, kBlasWorkspaceBytes));
   // alpha and beta are host scalars.
   CX_CUBLAS_TRY(dev, "cublasSetPointerMode", cublasSetPointerMode(s->blas, CUBLAS_POINTER_MODE_HOST));
+  CX_CUBLAS_TRY(dev, "cublasLtCreate", cublasLtCreate(&s->lt));
   return {};
 }
 

@@ -1,6 +1,7 @@
 // Per-device state, created on a device's first use and kept for the life of the process.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -14,16 +15,14 @@ namespace cyxwiz::cuda {
 // the first pass, summed in a fixed order by a single block.
 constexpr int kMaxPartials = 1024;
 
+// cuBLAS's recommended workspace for Hopper and later (4 MiB suffices before); given explicitly so
+// that captured graphs reuse it instead of cuBLAS allocating one per capture. cuBLASLt's matmuls
+// share it: both libraries use it only on the compute stream, so their uses are stream-ordered.
+constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
+
 struct DeviceScratch {
   double partial[kMaxPartials];
   long long count[kMaxPartials];
-  double sum;       // final results, copied to the host in one transfer
-  long long total;
-};
-
-struct HostScalars {  // pinned, so the copy of a result is a plain DMA
-  double sum;
-  long long total;
 };
 
 struct DeviceState {
@@ -31,11 +30,11 @@ struct DeviceState {
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;
   cublasHandle_t blas = nullptr;
-  void* blasWorkspace = nullptr;
+  cublasLtHandle_t lt = nullptr;  // stateless between calls: the stream is passed to each matmul
+  void* blasWorkspace = nullptr;  // kBlasWorkspaceBytes, for both handles
   DeviceScratch* scratch = nullptr;
-  HostScalars* host = nullptr;
   cudaEvent_t computeMark = nullptr;  // reused by commWaitsForCompute
-  // Serialises the users of scratch/host (the reductions that return a scalar) and of the
+  // Serialises the users of scratch (a reduction enqueues two kernels that share it) and of the
   // handle's math mode, should two threads drive one device.
   std::mutex mutex;
 };
@@ -43,5 +42,8 @@ struct DeviceState {
 // Makes `dev` current on the calling thread (the runtime's current device is per thread) and
 // returns its state, creating it on first use.
 Status useDevice(int dev, DeviceState** out) noexcept;
+
+// Api::setTF32's flag (blas.cu), read by every GEMM path.
+bool tf32Enabled() noexcept;
 
 }  // namespace cyxwiz::cuda

@@ -143,9 +143,9 @@ TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
   for (int64_t epoch = epochsDone_; epoch < config.epochs; ++epoch) {
     const auto epochStart = Clock::now();
     report({ProgressEvent::Kind::EpochBegin, epoch + 1, config.epochs, 0, batches.numBatches()}, config.verbose);
-    Sums sums;
+    Sums sums = newSums();
     trainEpoch(X, y, batches, epoch, config, sums);
-    std::vector<double> total = allReduceSum(*ddp_->backend(), {sums.loss, sums.correct, sums.count});
+    std::vector<double> total = allReduceSum(*ddp_->backend(), localTotals(sums));
     const double epochSeconds = secondsSince(epochStart);
     samples += total[2];
     trainSeconds += epochSeconds;
@@ -190,35 +190,39 @@ void DistributedTrainer::trainEpoch(const Tensor& X, const Tensor& y, Distribute
   const auto start = Clock::now();
   for (int64_t b = 0; batches.hasNext(); ++b) {
     std::vector<int64_t> rows = batches.next();
-    Tensor xb = gatherRows(X, rows), yb = gatherRows(y, rows);
-    Tensor out = ddp_->forward(xb);
-    const double meanLoss = loss_->forward(out, yb);
-    ddp_->backward(loss_->backward(out, yb));
+    Tensor out = ddp_->forward(gatherRows(X, rows));
+    // Labels are range-checked on the host and copied to the model's device once per batch.
+    const Tensor yb = loss_->prepareTarget(out, gatherRows(y, rows), "DistributedTrainer.fit");
+    addBatch(sums, out, yb);
+    ddp_->backward(loss_->gradient(out, yb));
     ddp_->updateParameters(*optimizer_);
-    Sums batch = localSums(out, yb, meanLoss);
-    sums.loss += batch.loss;
-    sums.correct += batch.correct;
-    sums.count += batch.count;
     if (config.verbose && isMaster() && ((b + 1) % config.logEveryNBatches == 0 || b + 1 == count)) {
       ProgressEvent e{ProgressEvent::Kind::Batch, epoch + 1, config.epochs, b + 1, count};
-      e.loss = sums.loss / sums.count;
+      const std::vector<double> local = localTotals(sums);
+      e.loss = local[0] / local[2];
       e.hasAccuracy = loss_->takesClassIndices();
-      e.accuracy = sums.correct / sums.count;
+      e.accuracy = local[1] / local[2];
       e.seconds = secondsSince(start);
-      e.samplesPerSecond = sums.count * worldSize() / std::max(e.seconds, 1e-9);  // every rank runs the same batches
+      e.samplesPerSecond = local[2] * worldSize() / std::max(e.seconds, 1e-9);  // every rank runs the same batches
       report(e, true);
     }
     comm::throwIfInterrupted("DistributedTrainer.fit");
   }
 }
 
-DistributedTrainer::Sums DistributedTrainer::localSums(const Tensor& output, const Tensor& target, double meanLoss) const {
-  const double n = static_cast<double>(output.size(0));
-  Sums s;
-  s.loss = meanLoss * n;
-  s.correct = loss_->takesClassIndices() ? static_cast<double>(nn::countCorrect(output, target)) : 0.0;
-  s.count = n;
-  return s;
+DistributedTrainer::Sums DistributedTrainer::newSums() const {
+  return {Tensor::zeros({2}, DType::Float64, model_->device()), 0.0};
+}
+
+void DistributedTrainer::addBatch(Sums& sums, const Tensor& output, const Tensor& target) const {
+  loss_->addLossSum(output, target, sums.values, 0);
+  if (loss_->takesClassIndices()) nn::addCorrectCount(output, target, sums.values, 1);
+  sums.count += static_cast<double>(output.size(0));
+}
+
+std::vector<double> DistributedTrainer::localTotals(const Sums& sums) {
+  const Tensor host = sums.values.to(Device{});
+  return {host.data<double>()[0], host.data<double>()[1], sums.count};
 }
 
 std::pair<double, double> DistributedTrainer::evaluate(const Tensor& X, const Tensor& y, int64_t batchSize) {
@@ -227,17 +231,13 @@ std::pair<double, double> DistributedTrainer::evaluate(const Tensor& X, const Te
   checkSameData("evaluate", X, &y, nullptr);
   EvalMode guard(*model_);
   std::vector<int64_t> mine = strideRows(X.size(0), rank(), worldSize());
-  Sums sums;
+  Sums sums = newSums();
   for (size_t begin = 0; begin < mine.size(); begin += static_cast<size_t>(batchSize)) {
     std::vector<int64_t> rows(mine.begin() + begin, mine.begin() + std::min(mine.size(), begin + batchSize));
-    Tensor xb = gatherRows(X, rows), yb = gatherRows(y, rows);
-    Tensor out = model_->forward(xb);
-    Sums batch = localSums(out, yb, loss_->forward(out, yb));
-    sums.loss += batch.loss;
-    sums.correct += batch.correct;
-    sums.count += batch.count;
+    Tensor out = model_->forward(gatherRows(X, rows));
+    addBatch(sums, out, loss_->prepareTarget(out, gatherRows(y, rows), "DistributedTrainer.evaluate"));
   }
-  std::vector<double> total = allReduceSum(*ddp_->backend(), {sums.loss, sums.correct, sums.count});
+  std::vector<double> total = allReduceSum(*ddp_->backend(), localTotals(sums));
   const double accuracy = loss_->takesClassIndices() ? total[1] / total[2] : std::nan("");
   return {total[0] / total[2], accuracy};
 }

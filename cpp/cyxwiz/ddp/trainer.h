@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cyxwiz/ddp/ddp.h"
 #include "cyxwiz/ddp/history.h"
@@ -74,9 +75,17 @@ class DistributedTrainer {
   DistributedDataParallel& ddp() { return *ddp_; }
 
  private:
+  // An epoch's running loss and correct-prediction sums. They stay on the model's device, so a GPU
+  // step makes no host read; a progress line or the epoch's end reads them in one small copy.
   struct Sums {
-    double loss = 0, correct = 0, count = 0;
+    Tensor values;  // float64 {loss summed over rows, correct rows}
+    double count = 0;
   };
+  Sums newSums() const;
+  // Adds one batch; `target` comes from loss_->prepareTarget (checked, on the output's device).
+  void addBatch(Sums& sums, const Tensor& output, const Tensor& target) const;
+  // This rank's {loss, correct, count}, read to the host.
+  static std::vector<double> localTotals(const Sums& sums);
   TrainingHistory run(const Tensor& X, const Tensor& y, std::optional<std::pair<Tensor, Tensor>> validation,
                       const TrainingConfig& config);
   // Every rank must pass the same data shape; InvalidArgument on every rank otherwise.
@@ -87,7 +96,6 @@ class DistributedTrainer {
   void writeCheckpoint(const std::string& path, bool everyRankWrites);
   void resume(const TrainingConfig& config);
   void report(const ProgressEvent& event, bool verbose) const;
-  Sums localSums(const Tensor& output, const Tensor& target, double meanLoss) const;
 
   std::shared_ptr<nn::SequentialModel> model_;
   std::shared_ptr<nn::Loss> loss_;

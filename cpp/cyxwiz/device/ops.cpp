@@ -25,6 +25,18 @@ void broadcastRows(const Device& device, const float* row, float* out, int64_t r
   for (int64_t r = 0; r < rows; ++r) std::copy(row, row + cols, out + r * cols);
 }
 
+void linearForward(const Device& device, const float* x, const float* w, const float* bias, float* y, int64_t rows,
+                   int64_t in, int64_t out, bool relu) {
+  if (device.type == DeviceType::CUDA) {
+    CYX_CUDA(linearForward(device.index, x, w, bias, y, rows, in, out, relu));
+    return;
+  }
+  // Seed each row with the bias, then let the GEMM accumulate onto it (beta = 1): no separate pass.
+  if (bias) broadcastRows(device, bias, y, rows, out);
+  blas::sgemm(false, true, rows, out, in, 1.0f, x, in, w, in, bias ? 1.0f : 0.0f, y, out);
+  if (relu) std::transform(y, y + rows * out, y, [](float v) { return v > 0.0f ? v : 0.0f; });
+}
+
 void addColumnSums(const Device& device, const float* g, float* out, int64_t rows, int64_t cols) {
   if (device.type == DeviceType::CUDA) {
     CYX_CUDA(addColumnSums(device.index, g, out, rows, cols));

@@ -14,6 +14,10 @@ void gemm(const Device& device, bool transA, bool transB, int64_t m, int64_t n, 
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 // out[r, :] = row.
 void broadcastRows(const Device& device, const float* row, float* out, int64_t rows, int64_t cols);
+// y = x w^T (+ bias) (then ReLU), x (rows, in), w (out, in): a linear layer's forward. One cuBLASLt
+// call with a bias/ReLU epilogue on a GPU; bias broadcast, GEMM and ReLU on the CPU.
+void linearForward(const Device& device, const float* x, const float* w, const float* bias, float* y, int64_t rows,
+                   int64_t in, int64_t out, bool relu);
 // out[j] += sum_r g[r, j].
 void addColumnSums(const Device& device, const float* g, float* out, int64_t rows, int64_t cols);
 

@@ -8,16 +8,20 @@
 
 namespace cyxwiz::nn {
 
-double CrossEntropyLoss::forward(const Tensor& output, const Tensor& target) {
-  bool indices = checkClassTarget(output, target, "CrossEntropyLoss.forward");
+Tensor CrossEntropyLoss::prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const {
+  checkClassTarget(output, target, who);
+  return targetOnDevice(output, target);
+}
+
+void CrossEntropyLoss::addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const {
+  const bool indices = target.dtype() == DType::Int64;
   const int64_t rows = output.size(0), classes = output.size(1);
   if (output.isCuda()) {
-    const Tensor t = targetOnDevice(output, target);
-    double loss = 0.0;
     CYX_CUDA(crossEntropyForward(output.device().index, output.deviceData<float>(),
-                                 indices ? t.deviceData<int64_t>() : nullptr, indices ? nullptr : t.deviceData<float>(),
-                                 rows, classes, &loss));
-    return loss;
+                                 indices ? target.deviceData<int64_t>() : nullptr,
+                                 indices ? nullptr : target.deviceData<float>(), rows, classes, 1.0,
+                                 sums.deviceData<double>() + index));
+    return;
   }
   const float* x = output.data<float>();
   double total = 0.0;
@@ -34,18 +38,18 @@ double CrossEntropyLoss::forward(const Tensor& output, const Tensor& target) {
       for (int64_t c = 0; c < classes; ++c) total += p[c] * (logSumExp - xr[c]);
     }
   }
-  return total / static_cast<double>(rows);
+  sums.data<double>()[index] += total;
 }
 
-Tensor CrossEntropyLoss::backward(const Tensor& output, const Tensor& target) {
-  bool indices = checkClassTarget(output, target, "CrossEntropyLoss.backward");
+Tensor CrossEntropyLoss::gradient(const Tensor& output, const Tensor& target) const {
+  const bool indices = target.dtype() == DType::Int64;
   const int64_t rows = output.size(0), classes = output.size(1);
   if (output.isCuda()) {
-    const Tensor t = targetOnDevice(output, target);
     Tensor grad = Tensor::empty(output.shape(), DType::Float32, output.device());
     CYX_CUDA(crossEntropyBackward(output.device().index, output.deviceData<float>(),
-                                  indices ? t.deviceData<int64_t>() : nullptr, indices ? nullptr : t.deviceData<float>(),
-                                  grad.deviceData<float>(), rows, classes));
+                                  indices ? target.deviceData<int64_t>() : nullptr,
+                                  indices ? nullptr : target.deviceData<float>(), grad.deviceData<float>(), rows,
+                                  classes));
     return grad;
   }
   Tensor grad = Tensor::empty(output.shape());

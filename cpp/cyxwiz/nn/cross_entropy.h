@@ -10,9 +10,10 @@ namespace cyxwiz::nn {
 class CrossEntropyLoss : public Loss {
  public:
   std::string typeName() const override { return "CrossEntropyLoss"; }
-  double forward(const Tensor& output, const Tensor& target) override;
+  Tensor prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const override;
+  void addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const override;
   // (softmax(x) * sum_c p_c - p) / rows
-  Tensor backward(const Tensor& output, const Tensor& target) override;
+  Tensor gradient(const Tensor& output, const Tensor& target) const override;
   bool takesClassIndices() const override { return true; }
 };
 

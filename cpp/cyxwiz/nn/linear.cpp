@@ -29,17 +29,17 @@ void LinearModule::resetParameters() {
   }
 }
 
-Tensor LinearModule::forward(const Tensor& input) {
+Tensor LinearModule::forward(const Tensor& input) { return forward(input, false); }
+
+Tensor LinearModule::forward(const Tensor& input, bool relu) {
   requireMatrix(input, repr() + ".forward", in_);
   const Device device = weight_.value.device();
   const Tensor x = input.to(device);  // numpy input of a GPU layer: copied once, here at the edge
   const int64_t batch = x.size(0);
   Tensor output = Tensor::empty({batch, out_}, DType::Float32, device);
-  float* y = output.deviceData<float>();
-  // Seed each row with the bias, then let the GEMM accumulate onto it (beta = 1): no separate pass.
-  if (hasBias_) ops::broadcastRows(device, bias_.value.deviceData<float>(), y, batch, out_);
-  ops::gemm(device, false, true, batch, out_, in_, 1.0f, x.deviceData<float>(), in_, weight_.value.deviceData<float>(),
-            in_, hasBias_ ? 1.0f : 0.0f, y, out_);
+  ops::linearForward(device, x.deviceData<float>(), weight_.value.deviceData<float>(),
+                     hasBias_ ? bias_.value.deviceData<float>() : nullptr, output.deviceData<float>(), batch, in_,
+                     out_, relu);
   input_ = keepForBackward(x);
   return output;
 }

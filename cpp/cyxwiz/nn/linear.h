@@ -11,6 +11,9 @@ class LinearModule : public Module {
 
   std::string typeName() const override { return "LinearModule"; }
   Tensor forward(const Tensor& input) override;
+  // forward, then ReLU, in one call (a cuBLASLt epilogue on a GPU); SequentialModel uses it for a
+  // LinearModule followed by a ReLUModule.
+  Tensor forward(const Tensor& input, bool relu);
   Tensor backward(const Tensor& gradOutput) override;
   std::vector<Parameter*> parameters() override;
   ModuleSpec spec() const override;

@@ -8,6 +8,26 @@
 
 namespace cyxwiz::nn {
 
+namespace {
+
+// One float64 zero where `output` lives, for the single-batch calls that read their sum back.
+Tensor scalarSum(const Tensor& output) { return Tensor::zeros({1}, DType::Float64, output.device()); }
+
+double readScalar(const Tensor& sum) { return sum.to(Device{}).data<double>()[0]; }
+
+}  // namespace
+
+double Loss::forward(const Tensor& output, const Tensor& target) {
+  const Tensor t = prepareTarget(output, target, typeName() + ".forward");
+  Tensor sum = scalarSum(output);
+  addLossSum(output, t, sum, 0);
+  return readScalar(sum) / static_cast<double>(output.size(0));
+}
+
+Tensor Loss::backward(const Tensor& output, const Tensor& target) {
+  return gradient(output, prepareTarget(output, target, typeName() + ".backward"));
+}
+
 bool checkClassTarget(const Tensor& output, const Tensor& target, const std::string& who) {
   requireMatrix(output, who);
   const int64_t rows = output.size(0), classes = output.size(1);
@@ -30,15 +50,14 @@ bool checkClassTarget(const Tensor& output, const Tensor& target, const std::str
 
 Tensor targetOnDevice(const Tensor& output, const Tensor& target) { return target.to(output.device()); }
 
-int64_t countCorrect(const Tensor& output, const Tensor& target) {
-  bool indices = checkClassTarget(output, target, "accuracy");
+void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) {
+  const bool indices = target.dtype() == DType::Int64;
   const int64_t rows = output.size(0), classes = output.size(1);
   if (output.isCuda()) {
-    const Tensor t = targetOnDevice(output, target);
-    int64_t correct = 0;
-    CYX_CUDA(countCorrect(output.device().index, output.deviceData<float>(), indices ? t.deviceData<int64_t>() : nullptr,
-                          indices ? nullptr : t.deviceData<float>(), rows, classes, &correct));
-    return correct;
+    CYX_CUDA(countCorrect(output.device().index, output.deviceData<float>(), indices ? target.deviceData<int64_t>() : nullptr,
+                          indices ? nullptr : target.deviceData<float>(), rows, classes,
+                          sums.deviceData<double>() + index));
+    return;
   }
   const float* y = output.data<float>();
   int64_t correct = 0;
@@ -54,7 +73,14 @@ int64_t countCorrect(const Tensor& output, const Tensor& target) {
     }
     correct += predicted == truth;
   }
-  return correct;
+  sums.data<double>()[index] += static_cast<double>(correct);
+}
+
+int64_t countCorrect(const Tensor& output, const Tensor& target) {
+  checkClassTarget(output, target, "accuracy");
+  Tensor sum = scalarSum(output);
+  addCorrectCount(output, targetOnDevice(output, target), sum, 0);
+  return static_cast<int64_t>(readScalar(sum));
 }
 
 double accuracy(const Tensor& output, const Tensor& target) {

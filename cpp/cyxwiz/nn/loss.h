@@ -2,6 +2,11 @@
 //
 // Targets are either class indices (int64, shape (N,)) or rows of the output's shape (one-hot or
 // probabilities for CrossEntropyLoss, regression targets for MSELoss), float32.
+//
+// forward/backward check the target and copy it to the output's device on every call, and forward
+// reads its result back to the host. A training loop that wants neither (DistributedTrainer) checks
+// and moves each batch's target once with prepareTarget, then calls addLossSum and gradient, which
+// leave everything where the output lives: a GPU step then needs no host read at all.
 #pragma once
 
 #include <string>
@@ -14,20 +19,31 @@ class Loss {
  public:
   virtual ~Loss() = default;
   virtual std::string typeName() const = 0;
-  virtual double forward(const Tensor& output, const Tensor& target) = 0;
-  virtual Tensor backward(const Tensor& output, const Tensor& target) = 0;
   // True when a 1-D target means class indices (CrossEntropyLoss), false when targets are values
   // of the output's shape (MSELoss): the bindings convert targets accordingly.
   virtual bool takesClassIndices() const = 0;
+
+  double forward(const Tensor& output, const Tensor& target);
+  Tensor backward(const Tensor& output, const Tensor& target);
+
+  // Throws (naming `who`) unless `target` fits `output`; returns it on the output's device.
+  virtual Tensor prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const = 0;
+  // sums[index] += the batch's loss summed over its rows (rows * mean), with `sums` a float64 tensor
+  // on the output's device and `target` from prepareTarget. No host read.
+  virtual void addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const = 0;
+  // d(mean)/d(output), `target` from prepareTarget.
+  virtual Tensor gradient(const Tensor& output, const Tensor& target) const = 0;
 };
 
 // Fraction of rows whose argmax equals the class index (or the target row's argmax).
 double accuracy(const Tensor& output, const Tensor& target);
 // Number of such rows, for callers that reduce counts across ranks.
 int64_t countCorrect(const Tensor& output, const Tensor& target);
+// sums[index] += that number, `target` checked by checkClassTarget and on the output's device.
+void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index);
 
 // Throws unless `target` is (N,) int64 class indices in [0, classes) or a float32 (N, classes) matrix.
-// Returns true for class indices.
+// Returns true for class indices. Labels on a GPU are copied to the host for the range check.
 bool checkClassTarget(const Tensor& output, const Tensor& target, const std::string& who);
 // `target` on the output's device (copied when it is not).
 Tensor targetOnDevice(const Tensor& output, const Tensor& target);

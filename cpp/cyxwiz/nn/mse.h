@@ -9,8 +9,9 @@ namespace cyxwiz::nn {
 class MSELoss : public Loss {
  public:
   std::string typeName() const override { return "MSELoss"; }
-  double forward(const Tensor& output, const Tensor& target) override;
-  Tensor backward(const Tensor& output, const Tensor& target) override;
+  Tensor prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const override;
+  void addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const override;
+  Tensor gradient(const Tensor& output, const Tensor& target) const override;
   bool takesClassIndices() const override { return false; }
 };
 

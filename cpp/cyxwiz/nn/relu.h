@@ -10,6 +10,9 @@ class ReLUModule : public Module {
   std::string typeName() const override { return "ReLUModule"; }
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& gradOutput) override;
+  // For a ReLU fused into the layer before it: the derivative at the input equals the derivative at
+  // the output (both are "x > 0"), so the fused output can stand in as the saved input.
+  void keepOutputAsInput(const Tensor& output) { input_ = output; }
 
  protected:
   void clearCache() override { input_ = Tensor(); }

@@ -6,6 +6,7 @@
 #include "cyxwiz/device/cuda.h"
 #include "cyxwiz/nn/linear.h"
 #include "cyxwiz/nn/model_file.h"
+#include "cyxwiz/nn/relu.h"
 
 namespace cyxwiz::nn {
 
@@ -34,7 +35,20 @@ const std::shared_ptr<Module>& SequentialModel::at(size_t i) const {
 Tensor SequentialModel::forward(const Tensor& input) {
   CYX_CHECK(!modules_.empty(), "SequentialModel.forward: the model has no layers; add some with model.add(...)");
   Tensor x = input.to(device_);
-  for (const auto& m : modules_) x = m->forward(x);
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    // LinearModule then ReLUModule: one call (on a GPU, one cuBLASLt matmul with a ReLU epilogue).
+    // Not when the ReLU is the last layer: its output goes to the caller, who may write to it, and
+    // a module never keeps what the caller can change.
+    auto* linear = dynamic_cast<LinearModule*>(modules_[i].get());
+    auto* relu = linear && i + 2 < modules_.size() ? dynamic_cast<ReLUModule*>(modules_[i + 1].get()) : nullptr;
+    if (relu) {
+      x = linear->forward(x, true);
+      relu->keepOutputAsInput(x);
+      ++i;
+      continue;
+    }
+    x = modules_[i]->forward(x);
+  }
   return x;
 }
 

@@ -457,6 +457,22 @@ class EmulatedApi final : public Api {
     return {};
   }
 
+  // As the library's fallback path: bias broadcast, GEMM onto it, ReLU in place. (The cuBLASLt
+  // epilogue computes the same up to the GEMM's float32 rounding.)
+  Status linearForward(int dev, const float* x, const float* w, const float* bias, float* y, int64_t rows, int64_t in,
+                       int64_t out, bool relu) noexcept override {
+    const char* M = "linearForward";
+    EMU_TRY(useDevice(dev));
+    if (rows <= 0 || out <= 0) return {};
+    EMU_TRY(deviceArg(M, dev, y, f32(rows * out), "y"));
+    if (bias) EMU_TRY(broadcastRows(dev, bias, y, rows, out));
+    EMU_TRY(gemm(dev, false, true, rows, out, in, 1.0f, x, in, w, in, bias ? 1.0f : 0.0f, y, out));
+    if (relu) {
+      for (int64_t i = 0; i < rows * out; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+    }
+    return {};
+  }
+
   Status activationForward(int dev, Activation f, const float* x, float* y, int64_t n) noexcept override {
     const char* M = "activationForward";
     EMU_TRY(useDevice(dev));
@@ -556,12 +572,11 @@ class EmulatedApi final : public Api {
   }
 
   Status crossEntropyForward(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
-                             int64_t classes, double* loss) noexcept override {
+                             int64_t classes, double scale, double* sum) noexcept override {
     const char* M = "crossEntropyForward";
-    *loss = 0.0;
     EMU_TRY(classTargets(M, dev, logits, labels, probs, rows, classes, true));
     if (rows <= 0 || classes <= 0) return {};
-    EMU_TRY(hostArg(M, loss, "loss"));
+    EMU_TRY(deviceArg(M, dev, sum, sizeof(double), "sum"));
     double total = 0.0;
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = logits + r * classes;
@@ -578,7 +593,7 @@ class EmulatedApi final : public Api {
         total += t;
       }
     }
-    *loss = total * (1.0 / static_cast<double>(rows));
+    *sum += total * scale;
     return {};
   }
 
@@ -618,20 +633,19 @@ class EmulatedApi final : public Api {
     return {};
   }
 
-  Status mseForward(int dev, const float* y, const float* t, int64_t n, double* loss) noexcept override {
+  Status mseForward(int dev, const float* y, const float* t, int64_t n, double scale, double* sum) noexcept override {
     const char* M = "mseForward";
-    *loss = 0.0;
     EMU_TRY(useDevice(dev));
     if (n <= 0) return {};
     EMU_TRY(deviceArg(M, dev, y, f32(n), "y"));
     EMU_TRY(deviceArg(M, dev, t, f32(n), "t"));
-    EMU_TRY(hostArg(M, loss, "loss"));
+    EMU_TRY(deviceArg(M, dev, sum, sizeof(double), "sum"));
     double total = 0.0;
     for (int64_t i = 0; i < n; ++i) {
       const double d = static_cast<double>(y[i]) - t[i];
       total += d * d;
     }
-    *loss = total * (1.0 / static_cast<double>(n));
+    *sum += total * scale;
     return {};
   }
 
@@ -648,20 +662,19 @@ class EmulatedApi final : public Api {
   }
 
   Status countCorrect(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
-                      int64_t classes, int64_t* correct) noexcept override {
+                      int64_t classes, double* sum) noexcept override {
     const char* M = "countCorrect";
-    *correct = 0;
     // Labels are compared, never used as an index: out-of-range ones just never match.
     EMU_TRY(classTargets(M, dev, logits, labels, probs, rows, classes, false));
     if (rows <= 0 || classes <= 0) return {};
-    EMU_TRY(hostArg(M, correct, "correct"));
+    EMU_TRY(deviceArg(M, dev, sum, sizeof(double), "sum"));
     int64_t total = 0;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t predicted = argMax(logits + r * classes, classes);
       const int64_t truth = labels ? labels[r] : argMax(probs + r * classes, classes);
       total += predicted == truth;
     }
-    *correct = total;
+    *sum += static_cast<double>(total);
     return {};
   }
 
