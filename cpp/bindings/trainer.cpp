@@ -48,6 +48,9 @@ void init_trainer(py::module_& d) {
                      "Hold out this last fraction of the rows for validation (default 0.0).")
       .def_readwrite("resume_from_checkpoint", &TrainingConfig::resumeFromCheckpoint,
                      "'' (default), 'latest' (newest checkpoint in checkpoint_dir, if any) or a checkpoint path.")
+      .def_readwrite("cuda_graphs", &TrainingConfig::cudaGraphs,
+                     "Replay each full batch's step as a CUDA graph on a GPU model (default False); ignored, with a "
+                     "notice, where the step cannot be captured.")
       .def("__repr__", [](const TrainingConfig& c) {
         auto flag = [](bool b) { return b ? "True" : "False"; };
         return makeString("DistributedTrainingConfig(epochs=", c.epochs, ", batch_size=", c.batchSize, ", shuffle=",
@@ -55,7 +58,8 @@ void init_trainer(py::module_& d) {
                           flag(c.verbose), ", log_every_n_batches=", c.logEveryNBatches, ", checkpoint_every_n_epochs=",
                           c.checkpointEveryNEpochs, ", checkpoint_dir='", c.checkpointDir, "', save_on_master_only=",
                           flag(c.saveOnMasterOnly), ", validation_split=", c.validationSplit,
-                          ", resume_from_checkpoint='", c.resumeFromCheckpoint, "')");
+                          ", resume_from_checkpoint='", c.resumeFromCheckpoint, "', cuda_graphs=", flag(c.cudaGraphs),
+                          ")");
       });
 
   py::class_<TrainingHistory>(d, "DistributedTrainingHistory", "What fit() reports; identical on every rank.")

@@ -416,3 +416,31 @@ def test_unwritable_checkpoint_dir_raises_oserror_on_every_rank(ranks):
         assert rep["cls"] in ("NotADirectoryError", "FileExistsError", "OSError"), f"rank {r}: {rep}"
         assert rep["errno"], f"rank {r}: the OSError carries no errno: {rep}"
         assert "rank 0 could not write" in rep["msg"] and "not_a_dir" in rep["msg"], rep["msg"]
+
+
+# ---------------------------------------------------------------------------- cuda_graphs on the CPU
+
+GRAPHS_ON_CPU = PRELUDE + r'''
+D.init()
+X, y = blobs(150, seed=4)
+for graphs in (False, True):
+    model = build(seed=2)
+    trainer = D.DistributedTrainer(model, cx.CrossEntropyLoss(), cx.AdamOptimizer(0.01))
+    cfg = config(epochs=2, batch_size=16, verbose=False)
+    assert cfg.cuda_graphs is False, "cuda_graphs must default to False"
+    cfg.cuda_graphs = graphs
+    h = trainer.fit(X, y, cfg)
+    dump(f"graphs{int(graphs)}", losses=h.train_losses, accuracies=h.train_accuracies, digest=digest(model))
+'''
+
+
+def test_cuda_graphs_on_a_cpu_model_is_ignored_with_a_notice(ranks):
+    """A CPU model has no graph to capture: fit says so once, per rank 0's stderr, and trains exactly
+    as without the setting (the same digest of the final weights)."""
+    results = run(ranks, GRAPHS_ON_CPU, 2)
+    eager, graphed = outputs(ranks, "graphs0", 2), outputs(ranks, "graphs1", 2)
+    for r in range(2):
+        assert graphed[r] == eager[r], f"rank {r}: cuda_graphs=True on the CPU changed the training"
+    notice = "cuda_graphs=True is ignored because the model is on the CPU"
+    for r in results:
+        assert r.err.count(notice) == 1, f"rank {r.rank} stderr:\n{r.err}"

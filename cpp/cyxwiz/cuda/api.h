@@ -19,7 +19,7 @@
 namespace cyxwiz::cuda {
 
 // Bumped on any change below; _core refuses a library of another version.
-constexpr int kApiVersion = 3;
+constexpr int kApiVersion = 4;
 
 using Status = std::string;  // empty: success
 
@@ -117,18 +117,32 @@ class Api {
                                int64_t in, int64_t out, bool relu) noexcept = 0;
 
   // ---- fused optimizers over one flat buffer (formulas as nn/sgd.cpp and nn/adam.cpp) ----
+  // The per-step scalars come either as arguments or, when `scalars` is not null, from device memory
+  // on dev, read by the kernel when it runs: a captured graph replays its kernels with the arguments
+  // of the capture, so a graphed step keeps what changes between steps in memory it rewrites before
+  // each replay. sgd: scalars = {lr}. adam: scalars = {stepSize, invSqrtBc2, decay}.
   // buf null: p -= lr (g + wd p). Else buf = mu buf + (g + wd p); p -= lr (nesterov ? g' + mu buf : buf).
   virtual Status sgdStep(int dev, float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
-                         float weightDecay, bool nesterov) noexcept = 0;
+                         float weightDecay, bool nesterov, const float* scalars) noexcept = 0;
   // g' = g + l2 p; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2; p = p decay - stepSize m / (sqrt(v) invSqrtBc2 + eps).
   virtual Status adamStep(int dev, float* p, const float* g, float* m, float* v, int64_t n, float stepSize, float b1,
-                          float b2, float eps, float invSqrtBc2, float l2, float decay) noexcept = 0;
+                          float b2, float eps, float invSqrtBc2, float l2, float decay,
+                          const float* scalars) noexcept = 0;
 
   // ---- CUDA graphs of the compute stream ----
+  // Between begin and end, dev's compute stream (and the communication stream, once it waits for
+  // the compute stream) records instead of running. Allowed while capturing: kernels, device-to-device
+  // copies, malloc/free (memory allocated in the capture must be freed in it), collectives and the
+  // events between the two streams (computeWaitsFor). Not allowed: host copies, synchronize, query,
+  // eventQuery; they fail and invalidate the capture, and graphEndCapture then fails too.
   virtual Status graphBeginCapture(int dev) noexcept = 0;
   virtual Status graphEndCapture(int dev, void** graphExec) noexcept = 0;
+  // Enqueues one replay on dev's compute stream.
   virtual Status graphLaunch(int dev, void* graphExec) noexcept = 0;
   virtual void graphDestroy(void* graphExec) noexcept = 0;
+  // An event recorded on dev's compute stream after everything enqueued so far (poll it with
+  // eventQuery: a bounded wait for a replay that contains collectives).
+  virtual Status recordComputeEvent(int dev, void** event) noexcept = 0;
 
   // ---- events between the compute and the communication stream ----
   // Records an event on dev's compute stream and makes its communication stream wait for it.

@@ -55,14 +55,15 @@ class ApiImpl final : public Api {
                        int64_t out, bool relu) noexcept override;
 
   Status sgdStep(int dev, float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
-                 float weightDecay, bool nesterov) noexcept override;
+                 float weightDecay, bool nesterov, const float* scalars) noexcept override;
   Status adamStep(int dev, float* p, const float* g, float* m, float* v, int64_t n, float stepSize, float b1,
-                  float b2, float eps, float invSqrtBc2, float l2, float decay) noexcept override;
+                  float b2, float eps, float invSqrtBc2, float l2, float decay, const float* scalars) noexcept override;
 
   Status graphBeginCapture(int dev) noexcept override;
   Status graphEndCapture(int dev, void** graphExec) noexcept override;
   Status graphLaunch(int dev, void* graphExec) noexcept override;
   void graphDestroy(void* graphExec) noexcept override;
+  Status recordComputeEvent(int dev, void** event) noexcept override;
 
   Status commWaitsForCompute(int dev) noexcept override;
   Status computeWaitsFor(int dev, void* event) noexcept override;

@@ -87,6 +87,21 @@ Status ApiImpl::recordCommEvent(int dev, void** event) noexcept {
   return {};
 }
 
+Status ApiImpl::recordComputeEvent(int dev, void** event) noexcept {
+  *event = nullptr;
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  cudaEvent_t ev = nullptr;
+  CX_CUDA_TRY(dev, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  cudaError_t e = cudaEventRecord(ev, s->compute);
+  if (e != cudaSuccess) {
+    cudaEventDestroy(ev);
+    return cudaFailure("cudaEventRecord", dev, e);
+  }
+  *event = ev;
+  return {};
+}
+
 Status ApiImpl::eventQuery(void* event, bool* done) noexcept {
   *done = false;
   cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));

@@ -53,15 +53,13 @@ Status ApiImpl::copy(int dev, void* dst, const void* src, size_t bytes, CopyKind
   bool wait = kind == CopyKind::DeviceToHost;  // the host reads the bytes next
   if (kind == CopyKind::HostToDevice) {
     // From pageable memory cudaMemcpyAsync returns once `src` is staged, so it may be reused. From
-    // pinned memory the DMA reads `src` later, so wait for it, as the contract promises; except
-    // while capturing a graph, where the copy runs at each launch and waiting is not allowed.
+    // pinned memory the DMA reads `src` later, so wait for it, as the contract promises. (Host copies
+    // are not allowed inside a graph capture, api.h.)
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, src) != cudaSuccess) {
       cudaGetLastError();
-    } else if (a.type == cudaMemoryTypeHost) {
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      CX_CUDA_TRY(dev, "cudaStreamIsCapturing", cudaStreamIsCapturing(s->compute, &capture));
-      wait = capture == cudaStreamCaptureStatusNone;
+    } else {
+      wait = a.type == cudaMemoryTypeHost;
     }
   }
   if (wait) CX_CUDA_TRY(dev, "cudaStreamSynchronize", cudaStreamSynchronize(s->compute));

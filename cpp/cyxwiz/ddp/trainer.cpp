@@ -12,6 +12,7 @@
 #include "cyxwiz/common/logging.h"
 #include "cyxwiz/ddp/checkpoint.h"
 #include "cyxwiz/ddp/exchange.h"
+#include "cyxwiz/ddp/graphed_step.h"
 #include "cyxwiz/ddp/rows.h"
 #include "cyxwiz/ddp/sampler.h"
 #include "cyxwiz/tensor/random.h"
@@ -62,6 +63,8 @@ void checkConfig(const TrainingConfig& c) {
 }
 
 }  // namespace
+
+DistributedTrainer::~DistributedTrainer() = default;
 
 DistributedTrainer::DistributedTrainer(std::shared_ptr<nn::SequentialModel> model, std::shared_ptr<nn::Loss> loss,
                                        std::shared_ptr<nn::Optimizer> optimizer, const DDPConfig& ddpConfig)
@@ -140,10 +143,27 @@ TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
   const auto start = Clock::now();
   double samples = 0.0, trainSeconds = 0.0;
   model_->train();
+  // One Sums for the whole fit: a captured step writes into these very buffers on every replay.
+  Sums sums = newSums();
+  struct GraphReset {  // the graph (and the optimizer's graph mode) ends with this fit, however it ends
+    std::unique_ptr<GraphedStep>& graph;
+    ~GraphReset() { graph.reset(); }
+  } graphReset{graph_};
+  if (config.cudaGraphs) {
+    const std::string why = GraphedStep::unsupportedReason(*ddp_);
+    if (why.empty()) {
+      graph_ = std::make_unique<GraphedStep>(*ddp_, *optimizer_,
+                                             [this, &sums](const Tensor& x, const Tensor& t) { step(x, t, sums); });
+    } else {
+      logNotice("DistributedTrainer.fit: cuda_graphs=True is ignored because " + why + "; training without graphs");
+    }
+  }
   for (int64_t epoch = epochsDone_; epoch < config.epochs; ++epoch) {
     const auto epochStart = Clock::now();
     report({ProgressEvent::Kind::EpochBegin, epoch + 1, config.epochs, 0, batches.numBatches()}, config.verbose);
-    Sums sums = newSums();
+    if (graph_) graph_->finish();  // the last epoch's replays, before their sums are cleared
+    sums.values.fill(0.0);
+    sums.count = 0;
     trainEpoch(X, y, batches, epoch, config, sums);
     std::vector<double> total = allReduceSum(*ddp_->backend(), localTotals(sums));
     const double epochSeconds = secondsSince(epochStart);
@@ -190,12 +210,16 @@ void DistributedTrainer::trainEpoch(const Tensor& X, const Tensor& y, Distribute
   const auto start = Clock::now();
   for (int64_t b = 0; batches.hasNext(); ++b) {
     std::vector<int64_t> rows = batches.next();
-    Tensor out = ddp_->forward(gatherRows(X, rows));
-    // Labels are range-checked on the host and copied to the model's device once per batch.
-    const Tensor yb = loss_->prepareTarget(out, gatherRows(y, rows), "DistributedTrainer.fit");
-    addBatch(sums, out, yb);
-    ddp_->backward(loss_->gradient(out, yb));
-    ddp_->updateParameters(*optimizer_);
+    Tensor xb = gatherRows(X, rows), yb = gatherRows(y, rows);
+    // Labels are range-checked here, on the host, so the step itself never reads the device.
+    loss_->checkTarget(outputShape(X, xb.size(0)), yb, "DistributedTrainer.fit");
+    if (graph_ && graph_->fits(xb, yb)) {
+      graph_->run(xb, yb);
+    } else {
+      const Device device = model_->device();
+      step(xb.to(device), yb.to(device), sums);
+    }
+    sums.count += static_cast<double>(xb.size(0));
     if (config.verbose && isMaster() && ((b + 1) % config.logEveryNBatches == 0 || b + 1 == count)) {
       ProgressEvent e{ProgressEvent::Kind::Batch, epoch + 1, config.epochs, b + 1, count};
       const std::vector<double> local = localTotals(sums);
@@ -214,15 +238,28 @@ DistributedTrainer::Sums DistributedTrainer::newSums() const {
   return {Tensor::zeros({2}, DType::Float64, model_->device()), 0.0};
 }
 
+void DistributedTrainer::step(const Tensor& x, const Tensor& y, Sums& sums) {
+  Tensor out = ddp_->forward(x);
+  addBatch(sums, out, y);
+  ddp_->backward(loss_->gradient(out, y));
+  ddp_->updateParameters(*optimizer_);
+}
+
 void DistributedTrainer::addBatch(Sums& sums, const Tensor& output, const Tensor& target) const {
   loss_->addLossSum(output, target, sums.values, 0);
   if (loss_->takesClassIndices()) nn::addCorrectCount(output, target, sums.values, 1);
-  sums.count += static_cast<double>(output.size(0));
 }
 
 std::vector<double> DistributedTrainer::localTotals(const Sums& sums) {
+  if (graph_) graph_->finish();  // bounded: a replay stuck in a collective fails here, not in the copy
   const Tensor host = sums.values.to(Device{});
   return {host.data<double>()[0], host.data<double>()[1], sums.count};
+}
+
+Shape DistributedTrainer::outputShape(const Tensor& X, int64_t rows) const {
+  int64_t features = X.size(1);
+  for (const auto& m : model_->modules()) features = m->outFeatures(features);
+  return {rows, features};
 }
 
 std::pair<double, double> DistributedTrainer::evaluate(const Tensor& X, const Tensor& y, int64_t batchSize) {
@@ -236,6 +273,7 @@ std::pair<double, double> DistributedTrainer::evaluate(const Tensor& X, const Te
     std::vector<int64_t> rows(mine.begin() + begin, mine.begin() + std::min(mine.size(), begin + batchSize));
     Tensor out = model_->forward(gatherRows(X, rows));
     addBatch(sums, out, loss_->prepareTarget(out, gatherRows(y, rows), "DistributedTrainer.evaluate"));
+    sums.count += static_cast<double>(out.size(0));
   }
   std::vector<double> total = allReduceSum(*ddp_->backend(), localTotals(sums));
   const double accuracy = loss_->takesClassIndices() ? total[1] / total[2] : std::nan("");

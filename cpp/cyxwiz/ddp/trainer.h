@@ -34,6 +34,7 @@ struct TrainingConfig {
   bool saveOnMasterOnly = true;
   double validationSplit = 0.0;        // the last fraction of the rows, held out before sharding
   std::string resumeFromCheckpoint;    // "", "latest" (newest in checkpointDir, if any) or a path
+  bool cudaGraphs = false;             // replay each full batch's step as a CUDA graph (GPU models)
 };
 
 // What rank 0 reports while training; pycyxwiz renders it (progress bar or log lines).
@@ -52,10 +53,13 @@ struct ProgressEvent {
 };
 using ProgressCallback = std::function<void(const ProgressEvent&)>;
 
+class GraphedStep;
+
 class DistributedTrainer {
  public:
   DistributedTrainer(std::shared_ptr<nn::SequentialModel> model, std::shared_ptr<nn::Loss> loss,
                      std::shared_ptr<nn::Optimizer> optimizer, const DDPConfig& ddpConfig = {});
+  ~DistributedTrainer();
 
   TrainingHistory fit(const Tensor& X, const Tensor& y, const TrainingConfig& config);
   TrainingHistory fit(const Tensor& X, const Tensor& y, const Tensor& Xval, const Tensor& yval,
@@ -82,10 +86,16 @@ class DistributedTrainer {
     double count = 0;
   };
   Sums newSums() const;
-  // Adds one batch; `target` comes from loss_->prepareTarget (checked, on the output's device).
+  // Adds one batch's loss and correct count (not its rows: the caller counts those on the host);
+  // `target` is checked and on the output's device.
   void addBatch(Sums& sums, const Tensor& output, const Tensor& target) const;
-  // This rank's {loss, correct, count}, read to the host.
-  static std::vector<double> localTotals(const Sums& sums);
+  // This rank's {loss, correct, count}, read to the host (after the last graph replay).
+  std::vector<double> localTotals(const Sums& sums);
+  // One training step on a batch already on the model's device, its target checked: the function a
+  // CUDA graph captures, and the eager step.
+  void step(const Tensor& x, const Tensor& y, Sums& sums);
+  // The output shape of a batch of `rows` rows of `X` (to check targets before the forward).
+  Shape outputShape(const Tensor& X, int64_t rows) const;
   TrainingHistory run(const Tensor& X, const Tensor& y, std::optional<std::pair<Tensor, Tensor>> validation,
                       const TrainingConfig& config);
   // Every rank must pass the same data shape; InvalidArgument on every rank otherwise.
@@ -105,6 +115,7 @@ class DistributedTrainer {
   int64_t epochsDone_ = 0;   // of the current (or last) training run
   TrainingHistory done_;     // its history so far
   bool loaded_ = false;      // a checkpoint was loaded for the next fit to continue
+  std::unique_ptr<GraphedStep> graph_;  // during a fit with cuda_graphs
 };
 
 }  // namespace cyxwiz::ddp

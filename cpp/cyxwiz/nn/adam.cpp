@@ -49,17 +49,23 @@ void AdamOptimizer::hyperParameters(std::map<std::string, double>& out) const {
   out["weight_decay"] = weightDecay_;
 }
 
-void AdamOptimizer::update(Parameter& param, std::vector<Tensor>& slots) {
+std::vector<float> AdamOptimizer::stepScalars() const {
   const double t = static_cast<double>(steps_);
   const double bc1 = 1.0 - std::pow(beta1_, t);
   const double bc2 = 1.0 - std::pow(beta2_, t);
-  const float stepSize = static_cast<float>(lr_ / bc1), invSqrtBc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float l2 = decoupled_ ? 0.0f : static_cast<float>(weightDecay_);
   const float decay = decoupled_ ? static_cast<float>(1.0 - lr_ * weightDecay_) : 1.0f;
+  return {static_cast<float>(lr_ / bc1), static_cast<float>(1.0 / std::sqrt(bc2)), decay};  // stepSize, invSqrtBc2, decay
+}
+
+void AdamOptimizer::update(Parameter& param, std::vector<Tensor>& slots) {
+  const std::vector<float> k = stepScalars();
+  const float stepSize = k[0], invSqrtBc2 = k[1], decay = k[2];
+  const float l2 = decoupled_ ? 0.0f : static_cast<float>(weightDecay_);
   if (param.value.isCuda()) {
     CYX_CUDA(adamStep(param.value.device().index, param.value.deviceData<float>(), param.grad.deviceData<float>(),
                       slots[0].deviceData<float>(), slots[1].deviceData<float>(), param.value.numel(), stepSize,
-                      static_cast<float>(beta1_), static_cast<float>(beta2_), static_cast<float>(eps_), invSqrtBc2, l2, decay));
+                      static_cast<float>(beta1_), static_cast<float>(beta2_), static_cast<float>(eps_), invSqrtBc2, l2,
+                      decay, graphScalars()));
     return;
   }
   adamKernel(param.value.data<float>(), param.grad.data<float>(), slots[0].data<float>(), slots[1].data<float>(),

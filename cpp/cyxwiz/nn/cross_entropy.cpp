@@ -8,9 +8,8 @@
 
 namespace cyxwiz::nn {
 
-Tensor CrossEntropyLoss::prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const {
-  checkClassTarget(output, target, who);
-  return targetOnDevice(output, target);
+void CrossEntropyLoss::checkTarget(const Shape& outputShape, const Tensor& target, const std::string& who) const {
+  checkClassTarget(outputShape, target, who);
 }
 
 void CrossEntropyLoss::addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const {

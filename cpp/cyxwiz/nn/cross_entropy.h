@@ -10,7 +10,7 @@ namespace cyxwiz::nn {
 class CrossEntropyLoss : public Loss {
  public:
   std::string typeName() const override { return "CrossEntropyLoss"; }
-  Tensor prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const override;
+  void checkTarget(const Shape& outputShape, const Tensor& target, const std::string& who) const override;
   void addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const override;
   // (softmax(x) * sum_c p_c - p) / rows
   Tensor gradient(const Tensor& output, const Tensor& target) const override;

@@ -24,13 +24,21 @@ double Loss::forward(const Tensor& output, const Tensor& target) {
   return readScalar(sum) / static_cast<double>(output.size(0));
 }
 
+Tensor Loss::prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const {
+  if (output.dtype() != DType::Float32) {
+    throw TypeMismatch(makeString(who, ": expected a float32 output, got ", dtypeName(output.dtype())));
+  }
+  checkTarget(output.shape(), target, who);
+  return targetOnDevice(output, target);
+}
+
 Tensor Loss::backward(const Tensor& output, const Tensor& target) {
   return gradient(output, prepareTarget(output, target, typeName() + ".backward"));
 }
 
-bool checkClassTarget(const Tensor& output, const Tensor& target, const std::string& who) {
-  requireMatrix(output, who);
-  const int64_t rows = output.size(0), classes = output.size(1);
+bool checkClassTarget(const Shape& outputShape, const Tensor& target, const std::string& who) {
+  CYX_CHECK(outputShape.size() == 2, who, ": expected output of shape (batch, classes), got ", shapeString(outputShape));
+  const int64_t rows = outputShape[0], classes = outputShape[1];
   CYX_CHECK(rows > 0, who, ": the batch is empty");
   if (target.dtype() == DType::Int64 && target.dim() == 1) {
     CYX_CHECK(target.size(0) == rows, who, ": output has ", rows, " rows but target has ", target.size(0), " labels");
@@ -42,8 +50,8 @@ bool checkClassTarget(const Tensor& output, const Tensor& target, const std::str
     }
     return true;
   }
-  CYX_CHECK(target.dtype() == DType::Float32 && target.shape() == output.shape(), who,
-            ": target must be class indices of shape (", rows, ",) or rows of shape ", shapeString(output.shape()),
+  CYX_CHECK(target.dtype() == DType::Float32 && target.shape() == outputShape, who,
+            ": target must be class indices of shape (", rows, ",) or rows of shape ", shapeString(outputShape),
             ", got ", dtypeName(target.dtype()), " ", shapeString(target.shape()));
   return false;
 }
@@ -77,7 +85,8 @@ void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, i
 }
 
 int64_t countCorrect(const Tensor& output, const Tensor& target) {
-  checkClassTarget(output, target, "accuracy");
+  requireMatrix(output, "accuracy");
+  checkClassTarget(output.shape(), target, "accuracy");
   Tensor sum = scalarSum(output);
   addCorrectCount(output, targetOnDevice(output, target), sum, 0);
   return static_cast<int64_t>(readScalar(sum));

@@ -26,8 +26,10 @@ class Loss {
   double forward(const Tensor& output, const Tensor& target);
   Tensor backward(const Tensor& output, const Tensor& target);
 
-  // Throws (naming `who`) unless `target` fits `output`; returns it on the output's device.
-  virtual Tensor prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const = 0;
+  // Throws (naming `who`) unless `target` fits a float32 output of `outputShape`.
+  virtual void checkTarget(const Shape& outputShape, const Tensor& target, const std::string& who) const = 0;
+  // checkTarget for `output` (a float32 tensor), then `target` on the output's device.
+  Tensor prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const;
   // sums[index] += the batch's loss summed over its rows (rows * mean), with `sums` a float64 tensor
   // on the output's device and `target` from prepareTarget. No host read.
   virtual void addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const = 0;
@@ -42,9 +44,10 @@ int64_t countCorrect(const Tensor& output, const Tensor& target);
 // sums[index] += that number, `target` checked by checkClassTarget and on the output's device.
 void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index);
 
-// Throws unless `target` is (N,) int64 class indices in [0, classes) or a float32 (N, classes) matrix.
-// Returns true for class indices. Labels on a GPU are copied to the host for the range check.
-bool checkClassTarget(const Tensor& output, const Tensor& target, const std::string& who);
+// Throws unless `target` is (N,) int64 class indices in [0, classes) or a float32 (N, classes) matrix,
+// for an output of shape (N, classes). Returns true for class indices. Labels on a GPU are copied to
+// the host for the range check.
+bool checkClassTarget(const Shape& outputShape, const Tensor& target, const std::string& who);
 // `target` on the output's device (copied when it is not).
 Tensor targetOnDevice(const Tensor& output, const Tensor& target);
 

@@ -48,6 +48,9 @@ class Module {
   int64_t numParameters();
   // Moves parameters and gradients to `device` (SequentialModel::to checks that it is usable).
   void to(const Device& device);
+  // Drops what forward kept for backward (a captured graph step frees its temporaries inside the
+  // capture); backward then needs a new forward.
+  void releaseCache() { clearCache(); }
   void setTraining(bool training) { training_ = training; }
   bool training() const { return training_; }
   void setNeedInputGrad(bool need) { needInputGrad_ = need; }

@@ -5,13 +5,12 @@
 
 namespace cyxwiz::nn {
 
-Tensor MSELoss::prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const {
-  CYX_CHECK(output.dtype() == DType::Float32 && target.dtype() == DType::Float32, who,
-            ": output and target must be float32, got ", dtypeName(output.dtype()), " and ", dtypeName(target.dtype()));
-  CYX_CHECK(output.shape() == target.shape(), who, ": output ", shapeString(output.shape()), " and target ",
+void MSELoss::checkTarget(const Shape& outputShape, const Tensor& target, const std::string& who) const {
+  CYX_CHECK(target.dtype() == DType::Float32, who, ": output and target must be float32, got float32 and ",
+            dtypeName(target.dtype()));
+  CYX_CHECK(outputShape == target.shape(), who, ": output ", shapeString(outputShape), " and target ",
             shapeString(target.shape()), " must have the same shape");
-  CYX_CHECK(output.numel() > 0, who, ": the batch is empty");
-  return targetOnDevice(output, target);
+  CYX_CHECK(shapeNumel(outputShape) > 0, who, ": the batch is empty");
 }
 
 void MSELoss::addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const {

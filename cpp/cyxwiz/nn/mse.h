@@ -9,7 +9,7 @@ namespace cyxwiz::nn {
 class MSELoss : public Loss {
  public:
   std::string typeName() const override { return "MSELoss"; }
-  Tensor prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const override;
+  void checkTarget(const Shape& outputShape, const Tensor& target, const std::string& who) const override;
   void addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const override;
   Tensor gradient(const Tensor& output, const Tensor& target) const override;
   bool takesClassIndices() const override { return false; }

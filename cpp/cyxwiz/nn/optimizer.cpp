@@ -1,5 +1,7 @@
 #include "cyxwiz/nn/optimizer.h"
 
+#include <algorithm>
+
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/nn/sequential.h"
 
@@ -47,7 +49,26 @@ void Optimizer::step(SequentialModel& model) {
 
 void Optimizer::beginStep(const std::vector<Parameter*>& params) {
   ensureState(params);
+  if (!capturing_) ++steps_;  // a captured step is counted by prepareReplay, once per replay
+}
+
+void Optimizer::enableGraphScalars(const Device& device) {
+  graphScalars_ = Tensor::zeros({static_cast<int64_t>(stepScalars().size())}, DType::Float32, device);
+}
+
+void Optimizer::disableGraphScalars() {
+  graphScalars_ = Tensor();
+  capturing_ = false;
+}
+
+void Optimizer::prepareReplay(const std::vector<Parameter*>& params) {
+  CYX_CHECK(graphScalars_.defined(), typeName(), ": prepareReplay without enableGraphScalars");
+  ensureState(params);
   ++steps_;
+  const std::vector<float> scalars = stepScalars();
+  Tensor host = Tensor::empty({static_cast<int64_t>(scalars.size())});
+  std::copy(scalars.begin(), scalars.end(), host.data<float>());
+  graphScalars_.copyFrom(host);  // stream-ordered: lands before the replay queued after it
 }
 
 void Optimizer::updateParameter(size_t index, Parameter& param) {

@@ -39,12 +39,30 @@ class Optimizer {
   OptimizerState state() const;
   void loadState(const OptimizerState& state);
 
+  // For a step captured into a CUDA graph (ddp/graphed_step.h): the graph replays the kernels with
+  // the arguments they were captured with, so the per-step scalars (learning rate, Adam's bias
+  // corrections) must come from device memory that is rewritten before every replay.
+  // enableGraphScalars(device) allocates that buffer on `device`. While capturing, beginStep does not
+  // count the step and the GPU kernels are given the buffer; prepareReplay(params) counts the step and
+  // writes its scalars there, before each replay. Eager steps keep passing arguments.
+  // disableGraphScalars() drops the buffer.
+  void enableGraphScalars(const Device& device);
+  void disableGraphScalars();
+  void setCapturing(bool capturing) { capturing_ = capturing && graphScalars_.defined(); }
+  void prepareReplay(const std::vector<Parameter*>& params);
+
  protected:
   // Names of the per-parameter buffers this optimizer keeps (zero-initialised, parameter-shaped).
   virtual std::vector<std::string> slotNames() const = 0;
   // Updates one parameter; `slots` holds the buffers named by slotNames(). steps_ is already incremented.
   virtual void update(Parameter& param, std::vector<Tensor>& slots) = 0;
   virtual void hyperParameters(std::map<std::string, double>& out) const = 0;
+  // The scalars of step steps_ as the GPU kernel reads them from device memory (api.h: sgdStep,
+  // adamStep).
+  virtual std::vector<float> stepScalars() const = 0;
+  // The device buffer for the kernels while a step is being captured, else null: an eager step passes
+  // its scalars as arguments, even between replays.
+  const float* graphScalars() const { return capturing_ ? graphScalars_.deviceData<float>() : nullptr; }
 
   double lr_;
   int64_t steps_ = 0;
@@ -52,6 +70,8 @@ class Optimizer {
  private:
   void ensureState(const std::vector<Parameter*>& params);
   std::vector<std::vector<Tensor>> slots_;  // [parameter][slot]
+  Tensor graphScalars_;
+  bool capturing_ = false;
 };
 
 void checkHyperParameter(bool ok, const std::string& who, const std::string& name, double value, const std::string& rule);

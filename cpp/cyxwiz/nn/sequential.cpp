@@ -63,6 +63,10 @@ Tensor SequentialModel::backward(const Tensor& gradOutput, bool needInputGrad) {
   return g;
 }
 
+void SequentialModel::releaseCaches() {
+  for (const auto& m : modules_) m->releaseCache();
+}
+
 void SequentialModel::zeroGrad() {
   guardGradients(GradientUse::Clear);
   for (const auto& m : modules_) m->zeroGrad();

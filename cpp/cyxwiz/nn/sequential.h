@@ -22,6 +22,7 @@ class SequentialModel {
   // `needInputGrad` (else an undefined Tensor, and the first layer skips that GEMM).
   Tensor backward(const Tensor& gradOutput, bool needInputGrad = false);
   void zeroGrad();
+  void releaseCaches();  // every layer's Module::releaseCache
 
   // Moves every parameter to `device` (checked: a GPU build with a visible GPU). Inputs and gradients
   // handed to forward/backward are copied to this device at the edge.

@@ -32,7 +32,7 @@ void SGDOptimizer::update(Parameter& param, std::vector<Tensor>& slots) {
   if (param.value.isCuda()) {
     CYX_CUDA(sgdStep(param.value.device().index, param.value.deviceData<float>(), param.grad.deviceData<float>(),
                      slots.empty() ? nullptr : slots[0].deviceData<float>(), param.value.numel(), static_cast<float>(lr_),
-                     static_cast<float>(momentum_), static_cast<float>(weightDecay_), nesterov_));
+                     static_cast<float>(momentum_), static_cast<float>(weightDecay_), nesterov_, graphScalars()));
     return;
   }
   float* p = param.value.data<float>();

@@ -142,6 +142,7 @@ class DistributedTrainingConfig:
     save_on_master_only: bool          # True; else every rank writes checkpoint_epoch_0005.rank1.ckpt
     validation_split: float            # 0.0; the last fraction of X is held out before sharding
     resume_from_checkpoint: str        # "" | "latest" (newest in checkpoint_dir, if any) | a path
+    cuda_graphs: bool                  # replay full batches as a CUDA graph (GPU models; default False)
     def __init__(self) -> None: ...
 
 class DistributedTrainingHistory:

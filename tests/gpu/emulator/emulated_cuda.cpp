@@ -1,8 +1,9 @@
 // TEST DOUBLE, NOT GPU SUPPORT. A host-memory emulation of the ABI of libcyxwiz_cuda.so
 // (cyxwiz/cuda/api.h), loaded by the engine through CYXWIZ_CUDA_LIBRARY so that its GPU plumbing
 // (device tensors, model.to, the GPU branches of layers/losses/optimizers, DDP device buckets, the
-// NCCL backend at world size 1, pinned staging) runs in CI on machines without a GPU. It says nothing
-// about the real CUDA kernels, cuBLAS or NCCL; never ship it or present it as GPU support.
+// NCCL backend at world size 1, pinned staging, CUDA graph capture) runs in CI on machines without a
+// GPU. It says nothing about the real CUDA kernels, cuBLAS or NCCL; never ship it or present it as
+// GPU support.
 //
 // Its point is to be stricter than a GPU where the engine can go wrong unnoticed:
 //   - "device memory" is host memory in an allocation registry; every device pointer argument must lie,
@@ -12,38 +13,48 @@
 //     device argument a") instead of corrupting memory or silently working;
 //   - fresh allocations are filled with 0xFF bytes (a NaN as float32, -1 as integers), so code that
 //     forgets to initialise device memory produces NaNs;
-//   - copies must match their CopyKind; events and communicators are checked against live handles.
-// The arithmetic follows the CUDA kernels of cyxwiz/cuda/*.cu (which follow the CPU modules), with
-// the dropout mask bit-identical to the GPU's counter-based stream. Everything runs synchronously on
-// the calling thread; synchronize and query are no-ops. See README.md beside this file.
+//   - copies must match their CopyKind; events and communicators are checked against live handles;
+//   - graph capture records each stream-ordered call (checked at once, and again at each replay) and
+//     refuses what CUDA refuses in a capture (host copies, synchronize, queries of captured events...).
+// The arithmetic (emulated_kernels.cpp) follows the CUDA kernels of cyxwiz/cuda/*.cu. Everything
+// runs synchronously on the calling thread; a captured call runs at each graphLaunch instead. See
+// README.md beside this file.
 //
 // Environment: CYXWIZ_EMULATED_GPUS (device count, default 1, read once when the library is first
-// used); CYXWIZ_EMULATED_NCCL_HANG=1 (read at each collective: the collective never completes until
-// its communicator is aborted or destroyed, for the engine's timeout/abort path).
+// used); CYXWIZ_EMULATED_NCCL_HANG=1 (read each time a collective runs, a replayed one included: the
+// collective never completes until its communicator is aborted or destroyed, for the engine's
+// timeout/abort path).
 //
 // Build, from the repository root (nothing but the C++ standard library):
-//   g++ -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -I/work/main/cpp
+//   g++ -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Icpp
 //       tests/gpu/emulator/*.cpp -o OUT/libcyxwiz_cuda_emulated.so
 // Only cyxwiz_cuda_api is exported: the messages are built with cat() below rather than std::to_string
-// and std::string's operator+, and no handle type is a std:: template over std:: types only, because
-// libstdc++ gives such inline instantiations default visibility despite -fvisibility=hidden (at -O0,
-// un-inlined libstdc++ inline functions still show up as weak symbols: harmless under RTLD_LOCAL).
+// and std::string's operator+, no type here is a std:: template over std:: types only (no
+// std::function<Status()>, std::shared_ptr, std::vector<char*>), and the mutex is pthread's rather than
+// std::mutex, because libstdc++ gives such inline functions default visibility despite
+// -fvisibility=hidden whenever GCC does not inline them (at -O0 some still show up as weak symbols:
+// harmless under RTLD_LOCAL). Check with nm -D --defined-only after a change.
+#include <pthread.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <set>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "cyxwiz/cuda/api.h"
+#include "emulated_kernels.h"
 
 namespace cyxwiz::cuda {
 
@@ -54,7 +65,6 @@ constexpr size_t kDeviceAlignment = 256;  // as cudaMalloc
 constexpr size_t kHostAlignment = 64;
 constexpr size_t kNcclUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
 constexpr char kUniqueIdTag[] = "pycyxwiz-emulated-nccl-id:";
-constexpr const char* kNoGraphs = "emulator: CUDA graphs are not emulated";
 
 // ---- messages ----
 
@@ -91,10 +101,34 @@ void warn(const char* message) {
 }
 void warn(const std::string& message) { warn(message.c_str()); }
 
+// A CUDA runtime error: cudaGetErrorString's text and cudaGetErrorName's name.
+struct CudaErr {
+  const char* text;
+  const char* name;
+};
+constexpr CudaErr kInvalidDevice{"invalid device ordinal", "cudaErrorInvalidDevice"};
+constexpr CudaErr kNoDevice{"no CUDA-capable device is detected", "cudaErrorNoDevice"};
+constexpr CudaErr kOutOfMemory{"out of memory", "cudaErrorMemoryAllocation"};
+constexpr CudaErr kInvalidHandle{"invalid resource handle", "cudaErrorInvalidResourceHandle"};
+constexpr CudaErr kInvalidValue{"invalid argument", "cudaErrorInvalidValue"};
+constexpr CudaErr kIllegalState{"the operation cannot be performed in the present state", "cudaErrorIllegalState"};
+// The stream-capture errors.
+constexpr CudaErr kCaptureUnsupported{"operation not permitted when stream is capturing",
+                                      "cudaErrorStreamCaptureUnsupported"};
+constexpr CudaErr kCaptureInvalidated{"operation failed due to a previous error during capture",
+                                      "cudaErrorStreamCaptureInvalidated"};
+constexpr CudaErr kCaptureMerge{"operation would result in a merge of separate capture sequences",
+                                "cudaErrorStreamCaptureMerge"};
+constexpr CudaErr kCaptureUnjoined{"capturing stream has unjoined work", "cudaErrorStreamCaptureUnjoined"};
+constexpr CudaErr kCaptureIsolation{"dependency created on uncaptured work in another stream",
+                                    "cudaErrorStreamCaptureIsolation"};
+constexpr CudaErr kCapturedEvent{"operation not permitted on an event last recorded in a capturing stream",
+                                 "cudaErrorCapturedEvent"};
+
 // "cudaSetDevice on cuda:5 failed: invalid device ordinal (cudaErrorInvalidDevice)", as errors.h.
-Status cudaError(const char* call, int dev, const char* text, const char* name) {
-  if (dev < 0) return cat(call, " failed: ", text, " (", name, ")");
-  return cat(call, " on cuda:", dev, " failed: ", text, " (", name, ")");
+Status cudaError(const char* call, int dev, CudaErr e) {
+  if (dev < 0) return cat(call, " failed: ", e.text, " (", e.name, ")");
+  return cat(call, " on cuda:", dev, " failed: ", e.text, " (", e.name, ")");
 }
 
 #define EMU_TRY(expr)                       \
@@ -103,6 +137,18 @@ Status cudaError(const char* call, int dev, const char* text, const char* name) 
     if (!emu_s_.empty()) return emu_s_;     \
   } while (0)
 
+uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// std::mutex's inline lock() is exported when GCC does not inline it (see the top of the file).
+class Mutex {
+ public:
+  void lock() { pthread_mutex_lock(&m_); }
+  void unlock() { pthread_mutex_unlock(&m_); }
+
+ private:
+  pthread_mutex_t m_ = PTHREAD_MUTEX_INITIALIZER;
+};
+using Lock = std::lock_guard<Mutex>;
 size_t f32(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 size_t i64(int64_t n) { return static_cast<size_t>(n) * sizeof(int64_t); }
 
@@ -116,90 +162,6 @@ size_t elemBytes(ElemType t) {
   return 0;
 }
 
-const char* copyKindName(CopyKind k) {
-  switch (k) {
-    case CopyKind::HostToDevice: return "HostToDevice";
-    case CopyKind::DeviceToHost: return "DeviceToHost";
-    case CopyKind::DeviceToDevice: return "DeviceToDevice";
-  }
-  return "?";
-}
-
-// ---- the math, as the CUDA kernels (cyxwiz/cuda/kernels_*.cu) ----
-
-constexpr float kInvSqrt2 = 0.70710678118654752f;
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;
-
-float sigmoid(float x) {  // branch on the sign so exp never overflows
-  if (x >= 0.0f) return 1.0f / (1.0f + std::exp(-x));
-  const float e = std::exp(x);
-  return e / (1.0f + e);
-}
-
-float activate(Activation f, float x) {
-  switch (f) {
-    case Activation::ReLU: return x > 0.0f ? x : 0.0f;
-    case Activation::GELU: return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
-    case Activation::Sigmoid: return sigmoid(x);
-    case Activation::Tanh: return std::tanh(x);
-  }
-  return x;
-}
-
-// g * f'(x), f' at the layer input x.
-float activateGrad(Activation f, float x, float g) {
-  switch (f) {
-    case Activation::ReLU: return x > 0.0f ? g : 0.0f;
-    case Activation::GELU: {
-      const float cdf = 0.5f * (1.0f + std::erf(x * kInvSqrt2));
-      const float pdf = kInvSqrt2Pi * std::exp(-0.5f * x * x);
-      return g * (cdf + x * pdf);
-    }
-    case Activation::Sigmoid: {
-      const float y = sigmoid(x);
-      return g * y * (1.0f - y);
-    }
-    case Activation::Tanh: {
-      const float y = std::tanh(x);
-      return g * (1.0f - y * y);
-    }
-  }
-  return g;
-}
-
-bool knownActivation(Activation f) {
-  return f == Activation::ReLU || f == Activation::GELU || f == Activation::Sigmoid || f == Activation::Tanh;
-}
-
-// kernels_elementwise.cu's splitmix64: element i's draw depends only on (seed, i).
-uint64_t splitmix64(uint64_t seed, uint64_t i) {
-  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// Row maximum as the kernels (fmaxf from -inf: NaNs are skipped).
-float rowMax(const float* x, int64_t cols) {
-  float mx = -INFINITY;
-  for (int64_t c = 0; c < cols; ++c) mx = std::fmax(mx, x[c]);
-  return mx;
-}
-
-// kernel_utils.cuh's blockArgMax: the first maximum, NaNs never win, all NaN gives 0.
-int64_t argMax(const float* row, int64_t cols) {
-  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-  float best = -INFINITY;
-  int64_t index = kNone;
-  for (int64_t c = 0; c < cols; ++c) {
-    if (row[c] > best || (row[c] == best && c < index)) {
-      best = row[c];
-      index = c;
-    }
-  }
-  return index == kNone ? 0 : index;
-}
-
 // ---- handles ----
 
 struct Comm {
@@ -210,18 +172,99 @@ struct Comm {
   bool aborted = false;
 };
 
+enum class Stream { Compute, Comm };
+
+// A point on a stream: the communicator whose hung collective (CYXWIZ_EMULATED_NCCL_HANG) the point
+// waits behind, 0 when none.
+struct Mark {
+  uint64_t blockedBy = 0;
+};
+
 struct Event {
-  uint64_t blockedBy = 0;  // the communicator whose hung collective it waits for; 0: complete
+  int dev = -1;
+  Stream stream = Stream::Comm;
+  uint64_t capture = 0;      // the serial of the capture it was recorded in; 0: recorded outside any
+  uint64_t collectives = 0;  // recorded in a capture: how many collectives that capture held before it
+  Mark own;
+  // &own; for an event recorded in a capture, a Mark of the capture (then of its graph), which each
+  // replay sets: the graph's nodes use it after the event is released, as a real graph keeps the
+  // edges made of events. Read outside those nodes only when capture == 0.
+  Mark* mark = &own;
 };
 
 struct Alloc {
   int dev;  // -1: pinned host memory
   size_t size;
+  uint64_t capture = 0;  // graph-owned: the serial of the capture that allocated it; 0: an ordinary block
 };
 
 struct Found {
   const char* base = nullptr;
   Alloc alloc{-1, 0};
+};
+
+// ---- graphs ----
+
+// A closure run now or at each replay (a std::function<Status()> would be exported: see the top).
+class Step {
+ public:
+  Step() = default;
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, Step>>>
+  Step(F f) : fn_(new Of<F>(std::move(f))) {}  // NOLINT: implicit, so that a lambda converts
+  explicit operator bool() const { return fn_ != nullptr; }
+  Status operator()() const { return fn_->call(); }
+
+ private:
+  struct Base {
+    virtual ~Base() = default;
+    virtual Status call() const = 0;
+  };
+  template <class F>
+  struct Of final : Base {
+    explicit Of(F f) : f(std::move(f)) {}
+    Status call() const override { return f(); }
+    F f;
+  };
+  std::unique_ptr<Base> fn_;
+};
+
+// One stream-ordered call recorded by a capture. `check` validates its arguments (every device range
+// inside a live allocation...): it ran when the call was made and runs again before each replay of the
+// node, because the engine must keep the memory a graph uses alive for the graph's life. `body` is the
+// kernel, reading its inputs (the optimizers' device scalars included) when it runs.
+struct Node {
+  const char* name;
+  Step check;  // may be empty
+  Step body;
+};
+
+// A block malloc'ed during a capture: graph memory, reserved (never returned to the host heap) until
+// the graph is destroyed, live (in allocs_) only between its malloc and free nodes of a replay.
+struct Block {
+  char* base;
+  size_t size;
+  bool freed;  // freed during the capture
+};
+
+// A capture in progress on one device.
+struct Capture {
+  uint64_t serial = 0;  // never reused
+  Status invalidated;   // the first call that invalidated it; empty: still valid
+  std::vector<Node> nodes;
+  std::vector<Block> blocks;
+  std::vector<std::unique_ptr<Mark>> marks;  // of the events recorded in the capture
+  bool commJoined = false;   // the communication stream waited for the compute stream: it records too
+  uint64_t collectives = 0;  // collectives recorded on the communication stream
+  uint64_t joined = 0;       // how many of them the compute stream has waited for (computeWaitsFor)
+};
+
+// What graphEndCapture returns (the opaque graphExec).
+struct Graph {
+  uint64_t serial = 0;
+  int dev = -1;
+  std::vector<Node> nodes;
+  std::vector<Block> blocks;
+  std::vector<std::unique_ptr<Mark>> marks;
 };
 
 class EmulatedApi final : public Api {
@@ -269,16 +312,28 @@ class EmulatedApi final : public Api {
 
   // ---- memory ----
 
+  // While dev is capturing, the block is graph memory (a graph's memory node): its address is fixed for
+  // the graph's life, it must be freed in the same capture, and each replay hands it out fresh (NaN).
   Status malloc(int dev, size_t bytes, void** out) noexcept override {
     *out = nullptr;
     EMU_TRY(useDevice(dev));
     if (bytes == 0) return {};
     const size_t padded = (bytes + kDeviceAlignment - 1) / kDeviceAlignment * kDeviceAlignment;
     void* p = padded >= bytes ? std::aligned_alloc(kDeviceAlignment, padded) : nullptr;
-    if (!p) return cudaError("cudaMallocAsync", dev, "out of memory", "cudaErrorMemoryAllocation");
+    if (!p) return cudaError("cudaMallocAsync", dev, kOutOfMemory);
     std::memset(p, 0xFF, padded);  // NaN as float32: uninitialised device memory shows
-    std::lock_guard<std::mutex> lock(mutex_);
-    allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{dev, bytes};
+    Lock lock(mutex_);
+    Capture* c = capture_[dev].get();
+    allocs_[addr(p)] = Alloc{dev, bytes, c ? c->serial : 0};
+    if (c) {
+      c->blocks.push_back(Block{static_cast<char*>(p), bytes, false});
+      c->nodes.push_back(Node{"malloc", {}, [this, p, dev, bytes, serial = c->serial]() -> Status {
+                                std::memset(p, 0xFF, bytes);  // fresh memory at each replay
+                                Lock lock(mutex_);
+                                allocs_[addr(p)] = Alloc{dev, bytes, serial};
+                                return {};
+                              }});
+    }
     *out = p;
     return {};
   }
@@ -287,15 +342,36 @@ class EmulatedApi final : public Api {
     if (!ptr) return;
     Alloc a{-1, 0};
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = allocs_.find(reinterpret_cast<uintptr_t>(ptr));
+      Lock lock(mutex_);
+      auto it = allocs_.find(addr(ptr));
       if (it == allocs_.end()) {
-        // Errors are ignored by the contract; say it on stderr: a double free or a foreign pointer.
+        // Errors are ignored by the contract; say it on stderr: a double free or a foreign pointer. A
+        // block allocated in a capture ends up here too once the capture is over: the graph owns it.
         warn(cat("free on ", cudaDev(dev), " of a pointer that is not a live device allocation (double free, an "
-                 "interior pointer or host memory); ignored"));
+                 "interior pointer, host memory, or graph memory of a finished capture); ignored"));
         return;
       }
       a = it->second;
+      Capture* c = dev >= 0 && dev < kMaxDevices ? capture_[dev].get() : nullptr;
+      if (a.capture != 0) {
+        if (c && c->serial == a.capture) {
+          freeInCapture(*c, it);
+        } else {
+          warn(cat("free on ", cudaDev(dev), " of graph memory of ", cudaDev(a.dev),
+                   " outside the capture (or replay) that owns it; ignored"));
+        }
+        return;
+      }
+      if (c) {
+        // A free node of memory from outside the graph would free it at the first replay and then
+        // again at each later one: the engine must never do it.
+        const std::string what = cat("free on ", cudaDev(dev), " while it is capturing a graph, of ", a.size,
+                                     " bytes allocated outside the capture: a graph may free only memory it "
+                                     "allocated; ignored, and the capture is invalidated");
+        warn(what);
+        invalidate(*c, cat("emulator: ", what));
+        return;
+      }
       allocs_.erase(it);
     }
     if (a.dev != dev) warn(cat("free on ", cudaDev(dev), " of memory allocated on ", cudaDev(a.dev)));
@@ -307,9 +383,9 @@ class EmulatedApi final : public Api {
     if (bytes == 0) return {};
     const size_t padded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
     void* p = padded >= bytes ? std::aligned_alloc(kHostAlignment, padded) : nullptr;
-    if (!p) return cudaError("cudaMallocHost", -1, "out of memory", "cudaErrorMemoryAllocation");
-    std::lock_guard<std::mutex> lock(mutex_);
-    pinned_[reinterpret_cast<uintptr_t>(p)] = Alloc{-1, bytes};  // not device memory: never looked up
+    if (!p) return cudaError("cudaMallocHost", -1, kOutOfMemory);
+    Lock lock(mutex_);
+    pinned_[addr(p)] = Alloc{-1, bytes};  // not device memory: never looked up
     *out = p;
     return {};
   }
@@ -317,8 +393,8 @@ class EmulatedApi final : public Api {
   void freeHost(void* ptr) noexcept override {
     if (!ptr) return;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!pinned_.erase(reinterpret_cast<uintptr_t>(ptr))) {
+      Lock lock(mutex_);
+      if (!pinned_.erase(addr(ptr))) {
         warn("freeHost of a pointer that mallocHost did not return (or freed twice); ignored");
         return;
       }
@@ -329,132 +405,109 @@ class EmulatedApi final : public Api {
   Status copy(int dev, void* dst, const void* src, size_t bytes, CopyKind kind) noexcept override {
     EMU_TRY(useDevice(dev));
     if (bytes == 0) return {};
-    const std::string who = cat("copy ", copyKindName(kind));
     switch (kind) {
       case CopyKind::HostToDevice:
-        EMU_TRY(deviceArg(who.c_str(), dev, dst, bytes, "dst"));
-        EMU_TRY(hostArg(who.c_str(), src, "src"));
-        break;
-      case CopyKind::DeviceToHost:
-        EMU_TRY(deviceArg(who.c_str(), dev, src, bytes, "src"));
-        EMU_TRY(hostArg(who.c_str(), dst, "dst"));
-        break;
-      case CopyKind::DeviceToDevice: {
-        // The engine passes the destination's device; a peer copy from another device is legal (UVA).
-        Found fd, fs;
-        EMU_TRY(anyDeviceArg(who.c_str(), dst, bytes, "dst", &fd));
-        EMU_TRY(anyDeviceArg(who.c_str(), src, bytes, "src", &fs));
-        if (fd.alloc.dev != dev && fs.alloc.dev != dev) {
-          return cat("emulator: ", who, " on ", cudaDev(dev), " copies ", cudaDev(fs.alloc.dev), " to ",
-                     cudaDev(fd.alloc.dev), ": neither side is on the device whose stream runs it");
-        }
-        break;
+      case CopyKind::DeviceToHost: {
+        const bool toDevice = kind == CopyKind::HostToDevice;
+        const char* who = toDevice ? "copy HostToDevice" : "copy DeviceToHost";
+        // The host reads or writes the bytes around the call, once: nothing a replay could repeat (api.h).
+        EMU_TRY(refuseWhileCapturing(dev, "cudaMemcpyAsync", kCaptureUnsupported, who));
+        EMU_TRY(deviceArg(who, dev, toDevice ? dst : src, bytes, toDevice ? "dst" : "src"));
+        EMU_TRY(hostArg(who, toDevice ? src : dst, toDevice ? "src" : "dst"));
+        std::memmove(dst, src, bytes);
+        return {};
       }
-      default:
-        return cat("copy on ", cudaDev(dev), ": unknown CopyKind ", int(kind));
+      case CopyKind::DeviceToDevice:
+        return run(dev, "copy DeviceToDevice", [=]() { return peerCopyCheck(dev, dst, src, bytes); },
+                   [=]() -> Status {
+                     std::memmove(dst, src, bytes);
+                     return {};
+                   });
     }
-    std::memmove(dst, src, bytes);
-    return {};
+    return cat("copy on ", cudaDev(dev), ": unknown CopyKind ", int(kind));
   }
 
   Status memsetZero(int dev, void* dst, size_t bytes) noexcept override {
     EMU_TRY(useDevice(dev));
     if (bytes == 0) return {};
-    EMU_TRY(deviceArg("memsetZero", dev, dst, bytes, "dst"));
-    std::memset(dst, 0, bytes);
-    return {};
+    return run(dev, "memsetZero", [=]() { return deviceArg("memsetZero", dev, dst, bytes, "dst"); },
+               [=]() -> Status {
+                 std::memset(dst, 0, bytes);
+                 return {};
+               });
   }
 
   Status fill(int dev, float* dst, int64_t n, float value) noexcept override {
     EMU_TRY(useDevice(dev));
     if (n <= 0) return {};
-    EMU_TRY(deviceArg("fill", dev, dst, f32(n), "dst"));
-    for (int64_t i = 0; i < n; ++i) dst[i] = value;
-    return {};
+    return run(dev, "fill", [=]() { return deviceArg("fill", dev, dst, f32(n), "dst"); },
+               [=]() -> Status {
+                 std::fill(dst, dst + n, value);
+                 return {};
+               });
   }
 
-  Status synchronize(int dev) noexcept override { return useDevice(dev); }
+  Status synchronize(int dev) noexcept override {
+    EMU_TRY(useDevice(dev));
+    EMU_TRY(refuseWhileCapturing(dev, "cudaStreamSynchronize", kCaptureUnsupported, "synchronize"));
+    Lock lock(mutex_);
+    if (liveBlock(computeBlocked_[dev])) {
+      return cat("emulator: synchronize on ", cudaDev(dev), " would never return: its compute stream waits "
+                 "(computeWaitsFor) for a collective that hangs (CYXWIZ_EMULATED_NCCL_HANG=1) until its "
+                 "communicator is aborted");
+    }
+    return {};
+  }
 
   Status query(int dev, bool* done) noexcept override {
     *done = false;
     EMU_TRY(useDevice(dev));
-    *done = true;
+    EMU_TRY(refuseWhileCapturing(dev, "cudaStreamQuery", kCaptureUnsupported, "query"));
+    Lock lock(mutex_);
+    *done = liveBlock(computeBlocked_[dev]) == 0;
     return {};
   }
 
-  // ---- math ----
+  // ---- math (the kernels are in emulated_kernels.cpp) ----
 
   // Stored only: the emulated GEMM is always full precision.
   void setTF32(bool enabled) noexcept override { tf32_.store(enabled, std::memory_order_relaxed); }
 
   Status gemm(int dev, bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) noexcept override {
-    const char* M = "gemm";
     EMU_TRY(useDevice(dev));
     if (m <= 0 || n <= 0) return {};
-    if (ldc < n) return blasInvalid(dev, cat("ldc ", ldc, " < n ", n));
-    const size_t cBytes = f32((m - 1) * ldc + n);
-    if (k <= 0) {  // C = beta C, as blas.cu's scaleMatrixKernel (beta = 0 writes zeros)
-      if (beta == 1.0f) return {};
-      EMU_TRY(deviceArg(M, dev, c, cBytes, "c"));
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          float& x = c[i * ldc + j];
-          x = beta == 0.0f ? 0.0f : beta * x;
-        }
-      }
-      return {};
-    }
-    // cuBLAS's leading-dimension checks, in row-major terms.
-    const int64_t needA = transA ? m : k, needB = transB ? k : n;
-    if (lda < needA) return blasInvalid(dev, cat("lda ", lda, " < ", needA, transA ? " (m, A transposed)" : " (k)"));
-    if (ldb < needB) return blasInvalid(dev, cat("ldb ", ldb, " < ", needB, transB ? " (k, B transposed)" : " (n)"));
-    const size_t aBytes = f32(transA ? (k - 1) * lda + m : (m - 1) * lda + k);
-    const size_t bBytes = f32(transB ? (n - 1) * ldb + k : (k - 1) * ldb + n);
-    EMU_TRY(deviceArg(M, dev, a, aBytes, "a"));
-    EMU_TRY(deviceArg(M, dev, b, bBytes, "b"));
-    EMU_TRY(deviceArg(M, dev, c, cBytes, "c"));
-    if (overlaps(c, cBytes, a, aBytes)) return cat("emulator: gemm: the output c overlaps the input a");
-    if (overlaps(c, cBytes, b, bBytes)) return cat("emulator: gemm: the output c overlaps the input b");
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double s = 0.0;
-        for (int64_t p = 0; p < k; ++p) {
-          const float av = transA ? a[p * lda + i] : a[i * lda + p];
-          const float bv = transB ? b[j * ldb + p] : b[p * ldb + j];
-          s += static_cast<double>(av) * static_cast<double>(bv);
-        }
-        float& x = c[i * ldc + j];
-        double r = static_cast<double>(alpha) * s;
-        if (beta != 0.0f) r += static_cast<double>(beta) * static_cast<double>(x);  // beta = 0: C is not read
-        x = static_cast<float>(r);
-      }
-    }
-    return {};
+    return run(dev, "gemm", [=]() { return gemmCheck(dev, transA, transB, m, n, k, a, lda, b, ldb, beta, c, ldc); },
+               [=]() -> Status {
+                 emulated::gemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+                 return {};
+               });
   }
 
   Status broadcastRows(int dev, const float* row, float* out, int64_t rows, int64_t cols) noexcept override {
-    const char* M = "broadcastRows";
     EMU_TRY(useDevice(dev));
     if (rows <= 0 || cols <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, row, f32(cols), "row"));
-    EMU_TRY(deviceArg(M, dev, out, f32(rows * cols), "out"));
-    for (int64_t r = 0; r < rows; ++r) std::memmove(out + r * cols, row, f32(cols));
-    return {};
+    return run(dev, "broadcastRows", [=]() { return broadcastRowsCheck(dev, row, out, rows, cols); },
+               [=]() -> Status {
+                 emulated::broadcastRows(row, out, rows, cols);
+                 return {};
+               });
   }
 
   Status addColumnSums(int dev, const float* g, float* out, int64_t rows, int64_t cols) noexcept override {
     const char* M = "addColumnSums";
     EMU_TRY(useDevice(dev));
     if (rows <= 0 || cols <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, g, f32(rows * cols), "g"));
-    EMU_TRY(deviceArg(M, dev, out, f32(cols), "out"));
-    for (int64_t j = 0; j < cols; ++j) {
-      float sum = 0.0f;
-      for (int64_t r = 0; r < rows; ++r) sum += g[r * cols + j];
-      out[j] += sum;
-    }
-    return {};
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, g, f32(rows * cols), "g"));
+          return deviceArg(M, dev, out, f32(cols), "out");
+        },
+        [=]() -> Status {
+          emulated::addColumnSums(g, out, rows, cols);
+          return {};
+        });
   }
 
   // As the library's fallback path: bias broadcast, GEMM onto it, ReLU in place. (The cuBLASLt
@@ -464,24 +517,37 @@ class EmulatedApi final : public Api {
     const char* M = "linearForward";
     EMU_TRY(useDevice(dev));
     if (rows <= 0 || out <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, y, f32(rows * out), "y"));
-    if (bias) EMU_TRY(broadcastRows(dev, bias, y, rows, out));
-    EMU_TRY(gemm(dev, false, true, rows, out, in, 1.0f, x, in, w, in, bias ? 1.0f : 0.0f, y, out));
-    if (relu) {
-      for (int64_t i = 0; i < rows * out; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
-    }
-    return {};
+    const float beta = bias ? 1.0f : 0.0f;
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, y, f32(rows * out), "y"));
+          if (bias) EMU_TRY(broadcastRowsCheck(dev, bias, y, rows, out));
+          return gemmCheck(dev, false, true, rows, out, in, x, in, w, in, beta, y, out);
+        },
+        [=]() -> Status {
+          if (bias) emulated::broadcastRows(bias, y, rows, out);
+          emulated::gemm(false, true, rows, out, in, 1.0f, x, in, w, in, beta, y, out);
+          if (relu) emulated::reluInPlace(y, rows * out);
+          return {};
+        });
   }
 
   Status activationForward(int dev, Activation f, const float* x, float* y, int64_t n) noexcept override {
     const char* M = "activationForward";
     EMU_TRY(useDevice(dev));
     if (n <= 0) return {};
-    if (!knownActivation(f)) return unknownActivation(M, dev, f);
-    EMU_TRY(deviceArg(M, dev, x, f32(n), "x"));
-    EMU_TRY(deviceArg(M, dev, y, f32(n), "y"));
-    for (int64_t i = 0; i < n; ++i) y[i] = activate(f, x[i]);
-    return {};
+    if (!emulated::knownActivation(f)) return unknownActivation(M, dev, f);
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, x, f32(n), "x"));
+          return deviceArg(M, dev, y, f32(n), "y");
+        },
+        [=]() -> Status {
+          emulated::activationForward(f, x, y, n);
+          return {};
+        });
   }
 
   Status activationBackward(int dev, Activation f, const float* x, const float* g, float* dx,
@@ -489,23 +555,35 @@ class EmulatedApi final : public Api {
     const char* M = "activationBackward";
     EMU_TRY(useDevice(dev));
     if (n <= 0) return {};
-    if (!knownActivation(f)) return unknownActivation(M, dev, f);
-    EMU_TRY(deviceArg(M, dev, x, f32(n), "x"));
-    EMU_TRY(deviceArg(M, dev, g, f32(n), "g"));
-    EMU_TRY(deviceArg(M, dev, dx, f32(n), "dx"));
-    for (int64_t i = 0; i < n; ++i) dx[i] = activateGrad(f, x[i], g[i]);
-    return {};
+    if (!emulated::knownActivation(f)) return unknownActivation(M, dev, f);
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, x, f32(n), "x"));
+          EMU_TRY(deviceArg(M, dev, g, f32(n), "g"));
+          return deviceArg(M, dev, dx, f32(n), "dx");
+        },
+        [=]() -> Status {
+          emulated::activationBackward(f, x, g, dx, n);
+          return {};
+        });
   }
 
   Status multiply(int dev, const float* a, const float* b, float* out, int64_t n) noexcept override {
     const char* M = "multiply";
     EMU_TRY(useDevice(dev));
     if (n <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, a, f32(n), "a"));
-    EMU_TRY(deviceArg(M, dev, b, f32(n), "b"));
-    EMU_TRY(deviceArg(M, dev, out, f32(n), "out"));
-    for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
-    return {};
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, a, f32(n), "a"));
+          EMU_TRY(deviceArg(M, dev, b, f32(n), "b"));
+          return deviceArg(M, dev, out, f32(n), "out");
+        },
+        [=]() -> Status {
+          emulated::multiply(a, b, out, n);
+          return {};
+        });
   }
 
   Status dropoutForward(int dev, const float* x, float* y, float* mask, int64_t n, float keep,
@@ -516,40 +594,33 @@ class EmulatedApi final : public Api {
     }
     EMU_TRY(useDevice(dev));
     if (n <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, x, f32(n), "x"));
-    EMU_TRY(deviceArg(M, dev, y, f32(n), "y"));
-    EMU_TRY(deviceArg(M, dev, mask, f32(n), "mask"));
-    const float scale = 1.0f / keep;
-    for (int64_t i = 0; i < n; ++i) {
-      // The top 24 bits, as the kernel and cyxwiz::uniform01: exactly representable floats in [0, 1).
-      const float u = static_cast<float>(splitmix64(seed, static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
-      const float mk = u < keep ? scale : 0.0f;
-      mask[i] = mk;
-      y[i] = x[i] * mk;
-    }
-    return {};
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, x, f32(n), "x"));
+          EMU_TRY(deviceArg(M, dev, y, f32(n), "y"));
+          return deviceArg(M, dev, mask, f32(n), "mask");
+        },
+        [=]() -> Status {
+          emulated::dropoutForward(x, y, mask, n, keep, seed);
+          return {};
+        });
   }
 
   Status softmaxForward(int dev, const float* x, float* y, int64_t rows, int64_t cols) noexcept override {
     const char* M = "softmaxForward";
     EMU_TRY(useDevice(dev));
     if (rows <= 0 || cols <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, x, f32(rows * cols), "x"));
-    EMU_TRY(deviceArg(M, dev, y, f32(rows * cols), "y"));
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * cols;
-      float* yr = y + r * cols;
-      const float mx = rowMax(xr, cols);
-      double sum = 0.0;
-      for (int64_t c = 0; c < cols; ++c) {
-        const float e = std::exp(xr[c] - mx);
-        yr[c] = e;
-        sum += e;
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
-    }
-    return {};
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, x, f32(rows * cols), "x"));
+          return deviceArg(M, dev, y, f32(rows * cols), "y");
+        },
+        [=]() -> Status {
+          emulated::softmaxForward(x, y, rows, cols);
+          return {};
+        });
   }
 
   Status softmaxBackward(int dev, const float* y, const float* g, float* dx, int64_t rows,
@@ -557,235 +628,333 @@ class EmulatedApi final : public Api {
     const char* M = "softmaxBackward";
     EMU_TRY(useDevice(dev));
     if (rows <= 0 || cols <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, y, f32(rows * cols), "y"));
-    EMU_TRY(deviceArg(M, dev, g, f32(rows * cols), "g"));
-    EMU_TRY(deviceArg(M, dev, dx, f32(rows * cols), "dx"));
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* yr = y + r * cols;
-      const float* gr = g + r * cols;
-      double dot = 0.0;
-      for (int64_t c = 0; c < cols; ++c) dot += static_cast<double>(gr[c]) * yr[c];
-      const float d = static_cast<float>(dot);
-      for (int64_t c = 0; c < cols; ++c) dx[r * cols + c] = yr[c] * (gr[c] - d);
-    }
-    return {};
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, y, f32(rows * cols), "y"));
+          EMU_TRY(deviceArg(M, dev, g, f32(rows * cols), "g"));
+          return deviceArg(M, dev, dx, f32(rows * cols), "dx");
+        },
+        [=]() -> Status {
+          emulated::softmaxBackward(y, g, dx, rows, cols);
+          return {};
+        });
   }
 
   Status crossEntropyForward(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
                              int64_t classes, double scale, double* sum) noexcept override {
     const char* M = "crossEntropyForward";
-    EMU_TRY(classTargets(M, dev, logits, labels, probs, rows, classes, true));
+    EMU_TRY(targetGiven(M, dev, labels, probs));
     if (rows <= 0 || classes <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, sum, sizeof(double), "sum"));
-    double total = 0.0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = logits + r * classes;
-      const float mx = rowMax(xr, classes);
-      double sum = 0.0;
-      for (int64_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(xr[c] - mx));
-      const double logSumExp = mx + std::log(sum);
-      if (labels) {
-        total += logSumExp - xr[labels[r]];
-      } else {
-        const float* p = probs + r * classes;
-        double t = 0.0;
-        for (int64_t c = 0; c < classes; ++c) t += p[c] * (logSumExp - xr[c]);
-        total += t;
-      }
-    }
-    *sum += total * scale;
-    return {};
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(classTargets(M, dev, logits, labels, probs, rows, classes));
+          return deviceArg(M, dev, sum, sizeof(double), "sum");
+        },
+        [=]() -> Status {
+          EMU_TRY(labelsInRange(M, labels, rows, classes));  // the labels as they are when the kernel runs
+          *sum += emulated::crossEntropySum(logits, labels, probs, rows, classes) * scale;
+          return {};
+        });
   }
 
   Status crossEntropyBackward(int dev, const float* logits, const int64_t* labels, const float* probs, float* grad,
                               int64_t rows, int64_t classes) noexcept override {
     const char* M = "crossEntropyBackward";
-    EMU_TRY(classTargets(M, dev, logits, labels, probs, rows, classes, true));
+    EMU_TRY(targetGiven(M, dev, labels, probs));
     if (rows <= 0 || classes <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, grad, f32(rows * classes), "grad"));
-    const float invRows = 1.0f / static_cast<float>(rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = logits + r * classes;
-      float* gr = grad + r * classes;
-      const float mx = rowMax(xr, classes);
-      double sum = 0.0;
-      for (int64_t c = 0; c < classes; ++c) {
-        const float e = std::exp(xr[c] - mx);
-        gr[c] = e;
-        sum += e;
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      if (labels) {  // (softmax - onehot) / rows
-        const int64_t label = labels[r];
-        for (int64_t c = 0; c < classes; ++c) {
-          float v = gr[c] * inv;
-          if (c == label) v -= 1.0f;
-          gr[c] = v * invRows;
-        }
-      } else {  // (softmax * mass - p) / rows
-        const float* p = probs + r * classes;
-        double mass = 0.0;
-        for (int64_t c = 0; c < classes; ++c) mass += p[c];
-        const float massF = static_cast<float>(mass);
-        for (int64_t c = 0; c < classes; ++c) gr[c] = (gr[c] * inv * massF - p[c]) * invRows;
-      }
-    }
-    return {};
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(classTargets(M, dev, logits, labels, probs, rows, classes));
+          return deviceArg(M, dev, grad, f32(rows * classes), "grad");
+        },
+        [=]() -> Status {
+          EMU_TRY(labelsInRange(M, labels, rows, classes));
+          emulated::crossEntropyBackward(logits, labels, probs, grad, rows, classes);
+          return {};
+        });
   }
 
   Status mseForward(int dev, const float* y, const float* t, int64_t n, double scale, double* sum) noexcept override {
     const char* M = "mseForward";
     EMU_TRY(useDevice(dev));
     if (n <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, y, f32(n), "y"));
-    EMU_TRY(deviceArg(M, dev, t, f32(n), "t"));
-    EMU_TRY(deviceArg(M, dev, sum, sizeof(double), "sum"));
-    double total = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double d = static_cast<double>(y[i]) - t[i];
-      total += d * d;
-    }
-    *sum += total * scale;
-    return {};
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, y, f32(n), "y"));
+          EMU_TRY(deviceArg(M, dev, t, f32(n), "t"));
+          return deviceArg(M, dev, sum, sizeof(double), "sum");
+        },
+        [=]() -> Status {
+          *sum += emulated::squaredErrorSum(y, t, n) * scale;
+          return {};
+        });
   }
 
   Status mseBackward(int dev, const float* y, const float* t, float* grad, int64_t n) noexcept override {
     const char* M = "mseBackward";
     EMU_TRY(useDevice(dev));
     if (n <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, y, f32(n), "y"));
-    EMU_TRY(deviceArg(M, dev, t, f32(n), "t"));
-    EMU_TRY(deviceArg(M, dev, grad, f32(n), "grad"));
-    const float scale = 2.0f / static_cast<float>(n);
-    for (int64_t i = 0; i < n; ++i) grad[i] = scale * (y[i] - t[i]);
-    return {};
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, y, f32(n), "y"));
+          EMU_TRY(deviceArg(M, dev, t, f32(n), "t"));
+          return deviceArg(M, dev, grad, f32(n), "grad");
+        },
+        [=]() -> Status {
+          emulated::mseBackward(y, t, grad, n);
+          return {};
+        });
   }
 
   Status countCorrect(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
                       int64_t classes, double* sum) noexcept override {
     const char* M = "countCorrect";
-    // Labels are compared, never used as an index: out-of-range ones just never match.
-    EMU_TRY(classTargets(M, dev, logits, labels, probs, rows, classes, false));
+    EMU_TRY(targetGiven(M, dev, labels, probs));
     if (rows <= 0 || classes <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, sum, sizeof(double), "sum"));
-    int64_t total = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t predicted = argMax(logits + r * classes, classes);
-      const int64_t truth = labels ? labels[r] : argMax(probs + r * classes, classes);
-      total += predicted == truth;
-    }
-    *sum += static_cast<double>(total);
-    return {};
+    // Labels are compared, never used as an index: out-of-range ones just never match.
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(classTargets(M, dev, logits, labels, probs, rows, classes));
+          return deviceArg(M, dev, sum, sizeof(double), "sum");
+        },
+        [=]() -> Status {
+          *sum += static_cast<double>(emulated::countCorrect(logits, labels, probs, rows, classes));
+          return {};
+        });
   }
 
   // ---- optimizers (kernels_optim.cu, nn/sgd.cpp, nn/adam.cpp) ----
+  // With `scalars`, the per-step values are read from device memory when the step runs: at each
+  // replay of a captured step, what the engine wrote there before the launch (api.h).
 
   Status sgdStep(int dev, float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
-                 float weightDecay, bool nesterov) noexcept override {
+                 float weightDecay, bool nesterov, const float* scalars) noexcept override {
     const char* M = "sgdStep";
     EMU_TRY(useDevice(dev));
     if (n <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, p, f32(n), "p"));
-    EMU_TRY(deviceArg(M, dev, g, f32(n), "g"));
-    if (!buf) {
-      for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + weightDecay * p[i]);
-      return {};
-    }
-    EMU_TRY(deviceArg(M, dev, buf, f32(n), "buf"));
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i] + weightDecay * p[i];
-      const float bi = momentum * buf[i] + gi;
-      buf[i] = bi;
-      p[i] -= lr * (nesterov ? gi + momentum * bi : bi);
-    }
-    return {};
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, p, f32(n), "p"));
+          EMU_TRY(deviceArg(M, dev, g, f32(n), "g"));
+          if (buf) EMU_TRY(deviceArg(M, dev, buf, f32(n), "buf"));
+          if (scalars) EMU_TRY(deviceArg(M, dev, scalars, f32(1), "scalars"));  // {lr}
+          return {};
+        },
+        [=]() -> Status {
+          emulated::sgdStep(p, g, buf, n, scalars ? scalars[0] : lr, momentum, weightDecay, nesterov);
+          return {};
+        });
   }
 
   Status adamStep(int dev, float* p, const float* g, float* m, float* v, int64_t n, float stepSize, float b1,
-                  float b2, float eps, float invSqrtBc2, float l2, float decay) noexcept override {
+                  float b2, float eps, float invSqrtBc2, float l2, float decay,
+                  const float* scalars) noexcept override {
     const char* M = "adamStep";
     EMU_TRY(useDevice(dev));
     if (n <= 0) return {};
-    EMU_TRY(deviceArg(M, dev, p, f32(n), "p"));
-    EMU_TRY(deviceArg(M, dev, g, f32(n), "g"));
-    EMU_TRY(deviceArg(M, dev, m, f32(n), "m"));
-    EMU_TRY(deviceArg(M, dev, v, f32(n), "v"));
-    for (int64_t i = 0; i < n; ++i) {
-      const float pi = p[i];
-      const float gi = g[i] + l2 * pi;
-      const float mi = b1 * m[i] + (1.0f - b1) * gi;
-      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = pi * decay - stepSize * mi / (std::sqrt(vi) * invSqrtBc2 + eps);
-    }
-    return {};
+    return run(
+        dev, M,
+        [=]() -> Status {
+          EMU_TRY(deviceArg(M, dev, p, f32(n), "p"));
+          EMU_TRY(deviceArg(M, dev, g, f32(n), "g"));
+          EMU_TRY(deviceArg(M, dev, m, f32(n), "m"));
+          EMU_TRY(deviceArg(M, dev, v, f32(n), "v"));
+          if (scalars) EMU_TRY(deviceArg(M, dev, scalars, f32(3), "scalars"));  // {stepSize, invSqrtBc2, decay}
+          return {};
+        },
+        [=]() -> Status {
+          if (scalars) {
+            emulated::adamStep(p, g, m, v, n, scalars[0], b1, b2, eps, scalars[1], l2, scalars[2]);
+          } else {
+            emulated::adamStep(p, g, m, v, n, stepSize, b1, b2, eps, invSqrtBc2, l2, decay);
+          }
+          return {};
+        });
   }
 
-  // ---- graphs: not emulated ----
+  // ---- CUDA graphs ----
 
   Status graphBeginCapture(int dev) noexcept override {
     EMU_TRY(useDevice(dev));
-    return cat(kNoGraphs);
+    std::unique_ptr<Capture> fresh(new (std::nothrow) Capture);
+    if (!fresh) return cudaError("cudaStreamBeginCapture", dev, kOutOfMemory);
+    Lock lock(mutex_);
+    if (Capture* c = capture_[dev].get()) {
+      const Status why = cat(cudaError("cudaStreamBeginCapture", dev, kCaptureUnsupported), " (emulator: ",
+                             cudaDev(dev), " is already capturing a graph; the capture is invalidated)");
+      invalidate(*c, why);
+      return why;
+    }
+    fresh->serial = nextCapture_++;
+    capture_[dev] = std::move(fresh);
+    return {};
   }
 
+  // Ends the capture, whatever happens: a failed capture is discarded.
   Status graphEndCapture(int dev, void** graphExec) noexcept override {
     *graphExec = nullptr;
     EMU_TRY(useDevice(dev));
-    return cat(kNoGraphs);
+    std::unique_ptr<Capture> c;
+    {
+      Lock lock(mutex_);
+      c = std::move(capture_[dev]);
+    }
+    if (!c) {
+      return cat(cudaError("cudaStreamEndCapture", dev, kIllegalState), " (emulator: ", cudaDev(dev),
+                 " is not capturing a graph)");
+    }
+    Status why = captureFault(dev, *c);
+    Graph* g = why.empty() ? new (std::nothrow) Graph : nullptr;
+    if (why.empty() && !g) why = cudaError("cudaGraphInstantiate", dev, kOutOfMemory);
+    if (!why.empty()) {
+      discard(*c);
+      return why;
+    }
+    g->serial = c->serial;
+    g->dev = dev;
+    g->nodes = std::move(c->nodes);
+    g->blocks = std::move(c->blocks);
+    g->marks = std::move(c->marks);
+    Lock lock(mutex_);
+    graphs_.insert(g);
+    *graphExec = g;
+    return {};
   }
 
-  Status graphLaunch(int dev, void*) noexcept override {
+  // Runs the graph's calls in capture order, each checked again first; the first failure stops the
+  // replay (as a fault would) and is returned.
+  Status graphLaunch(int dev, void* graphExec) noexcept override {
     EMU_TRY(useDevice(dev));
-    return cat(kNoGraphs);
+    auto* g = static_cast<Graph*>(graphExec);
+    {
+      Lock lock(mutex_);
+      if (!graphs_.count(g)) {
+        return cat(cudaError("cudaGraphLaunch", dev, kInvalidValue),
+                   " (emulator: not a live graph from graphEndCapture: destroyed, or never made)");
+      }
+      if (g->dev != dev) {
+        return cat(cudaError("cudaGraphLaunch", dev, kInvalidValue), " (emulator: the graph was captured on ",
+                   cudaDev(g->dev), ")");
+      }
+      if (Capture* c = capture_[dev].get()) {
+        const Status why = cat("emulator: graphLaunch on ", cudaDev(dev), " while it is capturing a graph: "
+                               "launching a graph inside a capture is not emulated; the capture is invalidated");
+        invalidate(*c, why);
+        return why;
+      }
+    }
+    return replay(dev, *g);
   }
 
-  void graphDestroy(void*) noexcept override {}
+  void graphDestroy(void* graphExec) noexcept override {
+    if (!graphExec) return;
+    auto* g = static_cast<Graph*>(graphExec);
+    {
+      Lock lock(mutex_);
+      if (!graphs_.erase(g)) {
+        warn("graphDestroy of a graph that is not live (destroyed twice?); ignored");
+        return;
+      }
+    }
+    for (const Block& b : g->blocks) std::free(b.base);  // registered in allocs_ only during a replay
+    delete g;
+  }
+
+  Status recordComputeEvent(int dev, void** event) noexcept override {
+    return recordEvent(dev, Stream::Compute, event);
+  }
 
   // ---- events ----
 
-  Status commWaitsForCompute(int dev) noexcept override { return useDevice(dev); }
+  // The communication stream waits for the compute stream: while dev is capturing, it joins the capture
+  // (api.h), so what it is given next (collectives, events) records too.
+  Status commWaitsForCompute(int dev) noexcept override {
+    EMU_TRY(useDevice(dev));
+    Node node{"commWaitsForCompute", {}, [this, dev]() -> Status {
+                Lock lock(mutex_);
+                if (!liveBlock(commBlocked_[dev])) commBlocked_[dev] = liveBlock(computeBlocked_[dev]);
+                return {};
+              }};
+    {
+      Lock lock(mutex_);
+      if (Capture* c = capture_[dev].get()) {
+        c->commJoined = true;
+        c->nodes.push_back(std::move(node));
+        return {};
+      }
+    }
+    return node.body();
+  }
 
+  // The compute stream waits for the event's point: behind a hung collective, it hangs too (its later
+  // events stay incomplete, synchronize refuses) until that communicator is aborted or destroyed.
   Status computeWaitsFor(int dev, void* event) noexcept override {
     EMU_TRY(useDevice(dev));
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!events_.count(static_cast<Event*>(event))) {
-      return cat(cudaError("cudaStreamWaitEvent", dev, "invalid resource handle", "cudaErrorInvalidResourceHandle"),
-                 " (emulator: not a live event from recordCommEvent)");
+    Node node{"computeWaitsFor", {}, {}};
+    {
+      Lock lock(mutex_);
+      auto* e = static_cast<Event*>(event);
+      if (!events_.count(e)) {
+        return cat(cudaError("cudaStreamWaitEvent", dev, kInvalidHandle),
+                   " (emulator: not a live event from recordCommEvent or recordComputeEvent)");
+      }
+      Capture* c = capture_[dev].get();
+      EMU_TRY(waitAllowed(dev, c, *e));
+      node.body = [this, dev, mark = e->mark]() -> Status {
+        Lock lock(mutex_);
+        if (!liveBlock(computeBlocked_[dev])) computeBlocked_[dev] = liveBlock(mark->blockedBy);
+        return {};
+      };
+      if (c) {
+        if (e->stream == Stream::Comm) c->joined = std::max(c->joined, e->collectives);
+        c->nodes.push_back(std::move(node));
+        return {};
+      }
     }
-    return {};  // nothing runs later on the emulated compute stream: there is nothing to order
+    return node.body();
   }
 
   Status computeWaitsForStream(int dev, uintptr_t stream) noexcept override {
     EMU_TRY(useDevice(dev));
+    // The library records an event on the producer's stream, which is not capturing, and makes the
+    // compute stream wait for it: a capture may not depend on work outside it.
+    EMU_TRY(refuseWhileCapturing(dev, "cudaStreamWaitEvent (producer's stream)", kCaptureIsolation,
+                                 "computeWaitsForStream"));
     // 0 is not a valid __cuda_array_interface__ stream (the spec reserves it); anything else is a
     // foreign stream the emulator has nothing queued on.
     if (stream == 0) return cat("emulator: computeWaitsForStream got stream 0, which __cuda_array_interface__ forbids");
     return {};
   }
 
-  Status recordCommEvent(int dev, void** event) noexcept override {
-    *event = nullptr;
-    EMU_TRY(useDevice(dev));
-    auto* e = new (std::nothrow) Event;
-    if (!e) return cudaError("cudaEventCreateWithFlags", dev, "out of memory", "cudaErrorMemoryAllocation");
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (commBlocked_[dev] && !blocking(commBlocked_[dev])) commBlocked_[dev] = 0;
-    e->blockedBy = commBlocked_[dev];  // the communication stream is stuck behind a hung collective
-    events_.insert(e);
-    *event = e;
-    return {};
-  }
+  Status recordCommEvent(int dev, void** event) noexcept override { return recordEvent(dev, Stream::Comm, event); }
 
   Status eventQuery(void* event, bool* done) noexcept override {
     *done = false;
-    std::lock_guard<std::mutex> lock(mutex_);
+    Lock lock(mutex_);
     auto* e = static_cast<Event*>(event);
     if (!events_.count(e)) {
-      return cat(cudaError("cudaEventQuery", -1, "invalid resource handle", "cudaErrorInvalidResourceHandle"),
-                 " (emulator: not a live event from recordCommEvent)");
+      return cat(cudaError("cudaEventQuery", -1, kInvalidHandle),
+                 " (emulator: not a live event from recordCommEvent or recordComputeEvent)");
     }
-    *done = e->blockedBy == 0 || !blocking(e->blockedBy);
+    if (e->capture != 0) {
+      // It marks a point of the graph, reached at each replay, never a point of the stream.
+      Status why = cat(cudaError("cudaEventQuery", -1, kCapturedEvent), " (emulator: the event was recorded while ",
+                       cudaDev(e->dev), " was capturing a graph; record one after graphLaunch to wait for a replay");
+      Capture* c = capture_[e->dev].get();
+      if (c && c->serial == e->capture) {
+        why += "; the capture is invalidated";
+        invalidate(*c, why + ")");
+      }
+      return why + ")";
+    }
+    *done = liveBlock(e->mark->blockedBy) == 0;
     return {};
   }
 
@@ -793,13 +962,13 @@ class EmulatedApi final : public Api {
     if (!event) return;
     auto* e = static_cast<Event*>(event);
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      Lock lock(mutex_);
       if (!events_.erase(e)) {
         warn("eventRelease of an event that is not live (released twice?); ignored");
         return;
       }
     }
-    delete e;
+    delete e;  // a graph's nodes keep using the Mark of an event recorded in its capture
   }
 
   // ---- NCCL, world size 1 ----
@@ -833,7 +1002,7 @@ class EmulatedApi final : public Api {
     c->dev = dev;
     c->nranks = nranks;
     c->rank = rank;
-    std::lock_guard<std::mutex> lock(mutex_);
+    Lock lock(mutex_);
     comms_.insert(c);
     *comm = c;
     return {};
@@ -841,13 +1010,16 @@ class EmulatedApi final : public Api {
 
   Status ncclState(void* comm, bool* inProgress) noexcept override {
     *inProgress = false;
-    std::lock_guard<std::mutex> lock(mutex_);
+    Lock lock(mutex_);
     auto* c = static_cast<Comm*>(comm);
     if (!comms_.count(c)) return cat("ncclCommGetAsyncError failed: invalid argument (emulator: not a live communicator)");
     if (c->aborted) return cat("ncclCommGetAsyncError: remote process exited or there was a network error (emulated abort)");
     return {};
   }
 
+  // While dev is capturing, the collective records only once the communication stream has joined the
+  // capture (commWaitsForCompute); the compute stream must then wait for it (computeWaitsFor on a
+  // later recordCommEvent) before graphEndCapture, as CUDA requires every captured stream to rejoin.
   Status ncclCollective(void* comm, int dev, CollectiveKind kind, const void* send, void* recv, size_t count,
                         ElemType type, ReduceKind op, int root) noexcept override {
     const size_t item = elemBytes(type);
@@ -867,7 +1039,7 @@ class EmulatedApi final : public Api {
     }
     uint64_t commId = 0;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      Lock lock(mutex_);
       auto* c = static_cast<Comm*>(comm);
       if (!comms_.count(c)) {
         return cat(call, " on ", cudaDev(dev), " failed: invalid argument (emulator: not a live communicator)");
@@ -888,22 +1060,46 @@ class EmulatedApi final : public Api {
     // One rank: send holds count elements (nranks * count for ReduceScatter), recv count (nranks * count
     // for AllGather), and the reduction of a single contribution, whatever the op, is that contribution.
     const size_t bytes = count * item;
-    const std::string who = cat("ncclCollective (", call, ")");
-    EMU_TRY(deviceArg(who.c_str(), dev, send, bytes, "send"));
-    EMU_TRY(deviceArg(who.c_str(), dev, recv, bytes, "recv"));
-    const char* hang = std::getenv("CYXWIZ_EMULATED_NCCL_HANG");
-    if (hang && std::strcmp(hang, "1") == 0) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      commBlocked_[dev] = commId;  // this and every later event of dev's communication stream waits
-      return {};
+    Node node{call,
+              [=]() -> Status {
+                const std::string who = cat("ncclCollective (", call, ")");
+                EMU_TRY(commStillUsable(call, dev, commId));  // at a replay, the communicator may be gone
+                EMU_TRY(deviceArg(who.c_str(), dev, send, bytes, "send"));
+                return deviceArg(who.c_str(), dev, recv, bytes, "recv");
+              },
+              [=]() -> Status {
+                const char* hang = std::getenv("CYXWIZ_EMULATED_NCCL_HANG");
+                if (hang && std::strcmp(hang, "1") == 0) {
+                  Lock lock(mutex_);
+                  commBlocked_[dev] = commId;  // this and every later point of dev's communication stream waits
+                  return {};
+                }
+                if (bytes && send != recv) std::memmove(recv, send, bytes);
+                return {};
+              }};
+    EMU_TRY(node.check());
+    {
+      Lock lock(mutex_);
+      if (Capture* c = capture_[dev].get()) {
+        if (!c->commJoined) {
+          const Status why = cat("emulator: ", call, " on ", cudaDev(dev), " while it is capturing a graph, but its "
+                                 "communication stream has not joined the capture (commWaitsForCompute first): the "
+                                 "collective would run now, once, instead of at each replay; the capture is "
+                                 "invalidated");
+          invalidate(*c, why);
+          return why;
+        }
+        ++c->collectives;
+        c->nodes.push_back(std::move(node));
+        return {};
+      }
     }
-    if (bytes && send != recv) std::memmove(recv, send, bytes);
-    return {};
+    return node.body();
   }
 
   void ncclAbort(void* comm) noexcept override {
     if (!comm) return;
-    std::lock_guard<std::mutex> lock(mutex_);
+    Lock lock(mutex_);
     auto* c = static_cast<Comm*>(comm);
     if (!comms_.count(c)) {
       warn("ncclAbort of a communicator that is not live; ignored");
@@ -916,7 +1112,7 @@ class EmulatedApi final : public Api {
     if (!comm) return;
     auto* c = static_cast<Comm*>(comm);
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      Lock lock(mutex_);
       if (!comms_.erase(c)) {
         warn("ncclDestroy of a communicator that is not live (destroyed twice?); ignored");
         return;
@@ -946,8 +1142,7 @@ class EmulatedApi final : public Api {
   }
 
   Status invalidDevice(const char* call, int dev) const {
-    if (count_ == 0) return cudaError(call, dev, "no CUDA-capable device is detected", "cudaErrorNoDevice");
-    return cudaError(call, dev, "invalid device ordinal", "cudaErrorInvalidDevice");
+    return cudaError(call, dev, count_ == 0 ? kNoDevice : kInvalidDevice);
   }
 
   // state.cpp's useDevice: the index check, then cudaSetDevice.
@@ -956,6 +1151,200 @@ class EmulatedApi final : public Api {
     if (dev >= count_) return invalidDevice("cudaSetDevice", dev);
     return {};
   }
+
+  // ---- capture ----
+
+  // A stream-ordered call on dev's compute stream. `check` validates the arguments and runs first,
+  // so a bad call fails at once, whether dev is capturing or not. Then `body` runs now, or, while dev
+  // is capturing, the call is recorded and both run at each replay instead.
+  Status run(int dev, const char* name, Step check, Step body) {
+    EMU_TRY(check());
+    Node node{name, std::move(check), std::move(body)};
+    {
+      Lock lock(mutex_);
+      if (Capture* c = capture_[dev].get()) {
+        c->nodes.push_back(std::move(node));
+        return {};
+      }
+    }
+    return node.body();
+  }
+
+  // A call that CUDA refuses on a capturing stream: while dev is capturing, its error, and the capture
+  // is invalidated (graphEndCapture fails), as CUDA does. Empty when dev is not capturing.
+  Status refuseWhileCapturing(int dev, const char* call, CudaErr error, const char* what) {
+    Lock lock(mutex_);
+    Capture* c = capture_[dev].get();
+    if (!c) return {};
+    const Status why = cat(cudaError(call, dev, error), " (emulator: ", what, " while ", cudaDev(dev),
+                           " is capturing a graph; the capture is invalidated)");
+    invalidate(*c, why);
+    return why;
+  }
+
+  static void invalidate(Capture& c, const Status& why) {
+    if (c.invalidated.empty()) c.invalidated = why;  // the first cause is the one to fix
+  }
+
+  // Whether computeWaitsFor(dev, e) is allowed (mutex_ held); c is dev's capture in progress or null.
+  // A capture may wait only for points of itself; a stream outside any capture only for real points.
+  Status waitAllowed(int dev, Capture* c, const Event& e) {
+    if (c) {
+      if (e.capture == c->serial) return {};
+      const Status why =
+          e.capture == 0
+              ? cat(cudaError("cudaStreamWaitEvent", dev, kCaptureIsolation), " (emulator: computeWaitsFor while ",
+                    cudaDev(dev), " is capturing a graph, on an event recorded outside the capture: a replay "
+                    "cannot wait for it; the capture is invalidated)")
+              : cat(cudaError("cudaStreamWaitEvent", dev, kCaptureMerge), " (emulator: computeWaitsFor while ",
+                    cudaDev(dev), " is capturing a graph, on an event of another capture, of ", cudaDev(e.dev),
+                    "; the capture is invalidated)");
+      invalidate(*c, why);
+      return why;
+    }
+    if (e.capture != 0) {
+      return cat(cudaError("cudaStreamWaitEvent", dev, kCapturedEvent), " (emulator: the event was recorded while ",
+                 cudaDev(e.dev), " was capturing a graph: it marks a point of the graph, not of a stream)");
+    }
+    return {};
+  }
+
+  // Why a finished capture cannot become a graph; empty if it can. The capture is detached already.
+  Status captureFault(int dev, const Capture& c) const {
+    if (!c.invalidated.empty()) {
+      return cat(cudaError("cudaStreamEndCapture", dev, kCaptureInvalidated), " (emulator: the capture was invalidated by: ",
+                 c.invalidated, ")");
+    }
+    if (c.joined < c.collectives) {
+      return cat(cudaError("cudaStreamEndCapture", dev, kCaptureUnjoined), " (emulator: ", c.collectives - c.joined,
+                 " of the ", c.collectives, " collectives captured on the communication stream are not followed by a "
+                 "recordCommEvent that the compute stream waits for with computeWaitsFor)");
+    }
+    std::string sizes;
+    size_t unfreed = 0;
+    for (const Block& b : c.blocks) {
+      if (b.freed) continue;
+      if (++unfreed <= 8) sizes += cat(unfreed > 1 ? ", " : "", b.size);
+    }
+    if (unfreed) {
+      return cat("emulator: graphEndCapture on ", cudaDev(dev), ": the capture allocated ", unfreed,
+                 " block(s) it did not free (", sizes, unfreed > 8 ? ", ..." : "", " bytes): the real library "
+                 "instantiates graphs without cudaGraphInstantiateFlagAutoFreeOnLaunch, so a second launch would "
+                 "fail; the engine must free inside a capture everything it allocates there. The capture is "
+                 "discarded; those blocks stay allocated");
+    }
+    return {};
+  }
+
+  // Drops a failed capture. The memory it freed goes back to the host heap; the blocks it did not free
+  // become ordinary allocations, which the engine may still free (as graph memory left unfreed
+  // outlives its graph in CUDA).
+  void discard(Capture& c) {
+    std::vector<Block> release;
+    {
+      Lock lock(mutex_);
+      for (const Block& b : c.blocks) {
+        if (b.freed) {
+          release.push_back(b);
+        } else if (auto it = allocs_.find(addr(b.base)); it != allocs_.end()) {
+          it->second.capture = 0;
+        }
+      }
+    }
+    for (const Block& b : release) std::free(b.base);
+  }
+
+  // A graph-owned block freed in its capture (mutex_ held): from here on (in the capture, and at each
+  // replay from this point) it is not live, but the graph keeps the memory.
+  void freeInCapture(Capture& c, std::map<uintptr_t, Alloc>::iterator it) {
+    void* p = reinterpret_cast<void*>(it->first);
+    allocs_.erase(it);
+    for (Block& b : c.blocks) {
+      if (b.base == p) b.freed = true;
+    }
+    c.nodes.push_back(Node{"free", {}, [this, p]() -> Status {
+                             Lock lock(mutex_);
+                             allocs_.erase(addr(p));
+                             return {};
+                           }});
+  }
+
+  Status replay(int dev, const Graph& g) {
+    Status failed;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const Node& node = g.nodes[i];
+      Status s = node.check ? node.check() : Status();
+      if (s.empty()) s = node.body();
+      if (!s.empty()) {
+        failed = cat("emulator: graphLaunch on ", cudaDev(dev), ": captured call ", i + 1, " of ", g.nodes.size(),
+                     " (", node.name, ") failed at replay: ", s);
+        break;
+      }
+    }
+    // A replay cut short leaves no graph memory live.
+    Lock lock(mutex_);
+    for (const Block& b : g.blocks) allocs_.erase(addr(b.base));
+    return failed;
+  }
+
+  // ---- events ----
+
+  Status recordEvent(int dev, Stream stream, void** event) {
+    *event = nullptr;
+    EMU_TRY(useDevice(dev));
+    const char* name = stream == Stream::Comm ? "recordCommEvent" : "recordComputeEvent";
+    std::unique_ptr<Event> e(new (std::nothrow) Event);
+    if (!e) return cudaError("cudaEventCreateWithFlags", dev, kOutOfMemory);
+    e->dev = dev;
+    e->stream = stream;
+    Lock lock(mutex_);
+    Capture* c = capture_[dev].get();
+    if (c && (stream == Stream::Compute || c->commJoined)) {
+      // A point of the graph: each replay sets it when it gets there.
+      c->marks.emplace_back(new Mark);
+      e->mark = c->marks.back().get();
+      e->capture = c->serial;
+      e->collectives = c->collectives;
+      c->nodes.push_back(Node{name, {}, [this, dev, stream, mark = e->mark]() -> Status {
+                                Lock lock(mutex_);
+                                mark->blockedBy = liveBlock(blockedStream(dev, stream));
+                                return {};
+                              }});
+    } else {
+      e->mark->blockedBy = liveBlock(blockedStream(dev, stream));
+    }
+    *event = e.get();
+    events_.insert(e.release());
+    return {};
+  }
+
+  // The communicator of the hung collective that dev's stream waits behind, or 0 (mutex_ held).
+  uint64_t& blockedStream(int dev, Stream stream) {
+    return stream == Stream::Comm ? commBlocked_[dev] : computeBlocked_[dev];
+  }
+
+  // `id` if it still blocks (a live communicator not aborted), else 0 (mutex_ held). A destroyed one
+  // no longer blocks: ncclDestroy's finalize times out and aborts.
+  uint64_t liveBlock(uint64_t id) const {
+    if (id == 0) return 0;
+    for (const Comm* c : comms_) {
+      if (c->id == id) return c->aborted ? 0 : id;
+    }
+    return 0;
+  }
+
+  // A recorded collective's communicator is still there when a replay runs it.
+  Status commStillUsable(const char* call, int dev, uint64_t id) const {
+    Lock lock(mutex_);
+    for (const Comm* c : comms_) {
+      if (c->id != id) continue;
+      if (!c->aborted) return {};
+      return cat(call, " on ", cudaDev(dev), " failed: invalid usage (emulator: the communicator was aborted)");
+    }
+    return cat(call, " on ", cudaDev(dev), " failed: invalid argument (emulator: the communicator was destroyed)");
+  }
+
+  // ---- argument checks ----
 
   static Status blasInvalid(int dev, const std::string& why) {
     return cat("cublasSgemm on ", cudaDev(dev), " failed: CUBLAS_STATUS_INVALID_VALUE (emulator: ", why, ")");
@@ -966,22 +1355,14 @@ class EmulatedApi final : public Api {
   }
 
   static bool overlaps(const void* p, size_t pb, const void* q, size_t qb) {
-    const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
+    const auto a = addr(p), b = addr(q);
     return a < b + qb && b < a + pb;
-  }
-
-  // Whether communicator `id` is live and not aborted (mutex_ held): its hung collective still blocks.
-  bool blocking(uint64_t id) const {
-    for (const Comm* c : comms_) {
-      if (c->id == id) return !c->aborted;
-    }
-    return false;  // destroyed: ncclDestroy's finalize times out and aborts
   }
 
   // The live allocation containing ptr (a view may point inside one).
   bool lookup(const void* ptr, Found* out) const {
-    const auto p = reinterpret_cast<uintptr_t>(ptr);
-    std::lock_guard<std::mutex> lock(mutex_);
+    const auto p = addr(ptr);
+    Lock lock(mutex_);
     auto it = allocs_.upper_bound(p);
     if (it == allocs_.begin()) return false;
     --it;
@@ -1027,26 +1408,69 @@ class EmulatedApi final : public Api {
     return {};
   }
 
-  // The checks shared by the class-target methods; labels are range-checked where they index.
-  Status classTargets(const char* who, int dev, const float* logits, const int64_t* labels, const float* probs,
-                      int64_t rows, int64_t classes, bool labelsIndex) const {
+  // The engine passes the destination's device; a peer copy from another device is legal (UVA).
+  Status peerCopyCheck(int dev, const void* dst, const void* src, size_t bytes) const {
+    const char* who = "copy DeviceToDevice";
+    Found fd, fs;
+    EMU_TRY(anyDeviceArg(who, dst, bytes, "dst", &fd));
+    EMU_TRY(anyDeviceArg(who, src, bytes, "src", &fs));
+    if (fd.alloc.dev != dev && fs.alloc.dev != dev) {
+      return cat("emulator: ", who, " on ", cudaDev(dev), " copies ", cudaDev(fs.alloc.dev), " to ",
+                 cudaDev(fd.alloc.dev), ": neither side is on the device whose stream runs it");
+    }
+    return {};
+  }
+
+  // cuBLAS's leading-dimension checks in row-major terms, the ranges, and no output overlapping an input.
+  Status gemmCheck(int dev, bool transA, bool transB, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, float beta, const float* c, int64_t ldc) const {
+    const char* M = "gemm";
+    if (ldc < n) return blasInvalid(dev, cat("ldc ", ldc, " < n ", n));
+    const size_t cBytes = f32((m - 1) * ldc + n);
+    if (k <= 0) return beta == 1.0f ? Status() : deviceArg(M, dev, c, cBytes, "c");  // C = beta C only
+    const int64_t needA = transA ? m : k, needB = transB ? k : n;
+    if (lda < needA) return blasInvalid(dev, cat("lda ", lda, " < ", needA, transA ? " (m, A transposed)" : " (k)"));
+    if (ldb < needB) return blasInvalid(dev, cat("ldb ", ldb, " < ", needB, transB ? " (k, B transposed)" : " (n)"));
+    const size_t aBytes = f32(transA ? (k - 1) * lda + m : (m - 1) * lda + k);
+    const size_t bBytes = f32(transB ? (n - 1) * ldb + k : (k - 1) * ldb + n);
+    EMU_TRY(deviceArg(M, dev, a, aBytes, "a"));
+    EMU_TRY(deviceArg(M, dev, b, bBytes, "b"));
+    EMU_TRY(deviceArg(M, dev, c, cBytes, "c"));
+    if (overlaps(c, cBytes, a, aBytes)) return cat("emulator: gemm: the output c overlaps the input a");
+    if (overlaps(c, cBytes, b, bBytes)) return cat("emulator: gemm: the output c overlaps the input b");
+    return {};
+  }
+
+  Status broadcastRowsCheck(int dev, const float* row, const float* out, int64_t rows, int64_t cols) const {
+    const char* M = "broadcastRows";
+    EMU_TRY(deviceArg(M, dev, row, f32(cols), "row"));
+    return deviceArg(M, dev, out, f32(rows * cols), "out");
+  }
+
+  // The class-target methods take labels or probs, and validate dev next.
+  Status targetGiven(const char* who, int dev, const int64_t* labels, const float* probs) const {
     if (!labels && !probs) return cat(who, " on ", cudaDev(dev), ": neither labels nor probs was given");
-    EMU_TRY(useDevice(dev));
-    if (rows <= 0 || classes <= 0) return {};
+    return useDevice(dev);
+  }
+
+  // The ranges of the class-target methods' arguments.
+  Status classTargets(const char* who, int dev, const float* logits, const int64_t* labels, const float* probs,
+                      int64_t rows, int64_t classes) const {
     if (labels && probs) return cat("emulator: ", who, " got both labels and probs (api.h: the other is null)");
     EMU_TRY(deviceArg(who, dev, logits, f32(rows * classes), "logits"));
-    if (labels) {
-      EMU_TRY(deviceArg(who, dev, labels, i64(rows), "labels"));
-      if (labelsIndex) {
-        for (int64_t r = 0; r < rows; ++r) {
-          if (labels[r] < 0 || labels[r] >= classes) {
-            return cat("emulator: ", who, ": labels[", r, "] = ", labels[r], " is outside [0, ", classes,
-                       ") (api.h: labels arrive range-checked)");
-          }
-        }
+    if (labels) return deviceArg(who, dev, labels, i64(rows), "labels");
+    return deviceArg(who, dev, probs, f32(rows * classes), "probs");
+  }
+
+  // Labels used as an index must be in range (api.h: they arrive range-checked). Checked on the values
+  // the kernel reads, when it runs: in a capture, the labels of the capture are not yet written.
+  static Status labelsInRange(const char* who, const int64_t* labels, int64_t rows, int64_t classes) {
+    if (!labels) return {};
+    for (int64_t r = 0; r < rows; ++r) {
+      if (labels[r] < 0 || labels[r] >= classes) {
+        return cat("emulator: ", who, ": labels[", r, "] = ", labels[r], " is outside [0, ", classes,
+                   ") (api.h: labels arrive range-checked)");
       }
-    } else {
-      EMU_TRY(deviceArg(who, dev, probs, f32(rows * classes), "probs"));
     }
     return {};
   }
@@ -1056,12 +1480,18 @@ class EmulatedApi final : public Api {
   std::atomic<bool> tf32_{false};
   std::atomic<uint64_t> nextCommId_{1};
 
-  mutable std::mutex mutex_;  // guards everything below
-  std::map<uintptr_t, Alloc> allocs_;  // device memory: base -> (dev, bytes)
+  mutable Mutex mutex_;  // guards everything below
+  std::map<uintptr_t, Alloc> allocs_;  // live device memory: base -> (dev, bytes, owning capture)
   std::map<uintptr_t, Alloc> pinned_;  // mallocHost memory, only to catch foreign or double freeHost
   std::set<Event*> events_;
   std::set<Comm*> comms_;
-  uint64_t commBlocked_[kMaxDevices] = {};  // per device: the communicator of a hung collective, or 0
+  std::set<Graph*> graphs_;
+  std::unique_ptr<Capture> capture_[kMaxDevices];  // per device: the capture in progress, or null
+  uint64_t nextCapture_ = 1;
+  // Per device and stream: the communicator of the hung collective the stream waits behind, or 0. The
+  // communication stream by running one; the compute stream by waiting for an event behind one.
+  uint64_t commBlocked_[kMaxDevices] = {};
+  uint64_t computeBlocked_[kMaxDevices] = {};
 };
 
 #undef EMU_TRY

@@ -161,6 +161,12 @@ void NcclBackend::awaitEvent(void* event, const std::string& what, Clock::time_p
   });
 }
 
+void NcclBackend::awaitReplay(void* event, const std::string& what) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  checkUsable(what.c_str());
+  awaitEvent(event, what, Clock::now() + std::chrono::milliseconds(config_.timeoutMs));
+}
+
 std::shared_ptr<Work> NcclBackend::enqueue(CallSignature call, const Tensor& send, const Tensor& recv,
                                            cuda::CollectiveKind kind, bool async) {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -184,6 +190,15 @@ std::shared_ptr<Work> NcclBackend::enqueue(CallSignature call, const Tensor& sen
   // sees the event complete on the host, and every kernel launched after that is ordered after it.
   lock.unlock();
   std::shared_ptr<void> holder(event, [api = api_](void* e) { api->eventRelease(e); });
+  if (capturing_) {
+    // Inside a graph: the kernels after wait() depend on the collective through the graph itself.
+    work->setPoller([this, holder](bool) {
+      device::check(api_->computeWaitsFor(device_.index, holder.get()));
+      return true;
+    });
+    if (!async) work->wait();
+    return work;
+  }
   // Keep the tensors alive until the collective is done.
   work->setPoller([this, holder, what, deadline, send, recv](bool block) {
     bool done = false;

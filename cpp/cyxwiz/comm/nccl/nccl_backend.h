@@ -47,6 +47,14 @@ class NcclBackend final : public Backend {
   // Polls `event` the same way; used by the collectives' Work.
   void awaitEvent(void* event, const std::string& what, std::chrono::steady_clock::time_point deadline);
 
+  // While a CUDA graph is being captured on this rank's device, a collective's Work.wait makes the
+  // compute stream wait for the collective's event (an edge of the graph) instead of polling it on
+  // the host, which capture forbids. The replay is then awaited as a whole with awaitEvent.
+  void setCapturing(bool capturing) { capturing_ = capturing; }
+  // Waits for `event` (recorded after a replay) within DISTRIBUTED_TIMEOUT_MS, watching the
+  // communicator; aborts it and throws on error or timeout.
+  void awaitReplay(void* event, const std::string& what);
+
  private:
   std::shared_ptr<Work> enqueue(CallSignature call, const Tensor& send, const Tensor& recv, cuda::CollectiveKind kind,
                                 bool async);
@@ -70,6 +78,7 @@ class NcclBackend final : public Backend {
   std::mutex mutex_;  // one collective enqueued at a time
   uint64_t sequence_ = 0;
   std::exception_ptr broken_;
+  bool capturing_ = false;
 };
 
 }  // namespace cyxwiz::comm

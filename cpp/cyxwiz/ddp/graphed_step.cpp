@@ -1,0 +1,122 @@
+#include "cyxwiz/ddp/graphed_step.h"
+
+#include "cyxwiz/comm/nccl/nccl_backend.h"
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
+#include "cyxwiz/device/cuda.h"
+#include "cyxwiz/nn/dropout.h"
+
+namespace cyxwiz::ddp {
+
+std::string GraphedStep::unsupportedReason(const DistributedDataParallel& ddp) {
+  const nn::SequentialModel& model = *ddp.model();
+  if (model.device().type != DeviceType::CUDA) return "the model is on the CPU (CUDA graphs need a GPU model)";
+  if (ddp.worldSize() > 1 && !dynamic_cast<const comm::NcclBackend*>(ddp.backend().get())) {
+    return "the CPU backend moves GPU gradients through host memory, which a CUDA graph cannot contain; use "
+           "DISTRIBUTED_BACKEND=nccl";
+  }
+  if (ddp.config().checkGradients && ddp.worldSize() > 1) {
+    return "check_gradients compares the gradients on the host at every step";
+  }
+  for (const auto& m : model.modules()) {
+    const auto* dropout = dynamic_cast<const nn::DropoutModule*>(m.get());
+    if (dropout && dropout->p() > 0.0 && model.training()) {
+      return makeString("DropoutModule(p=", dropout->p(), ") draws a new mask on the host for every step, and a ",
+                        "replayed graph would reuse one");
+    }
+  }
+  return "";
+}
+
+GraphedStep::GraphedStep(DistributedDataParallel& ddp, nn::Optimizer& optimizer, Step step)
+    : ddp_(ddp),
+      optimizer_(optimizer),
+      step_(std::move(step)),
+      nccl_(ddp.worldSize() > 1 ? dynamic_cast<comm::NcclBackend*>(ddp.backend().get()) : nullptr),
+      device_(ddp.model()->device()) {
+  const std::string why = unsupportedReason(ddp);
+  CYX_CHECK(why.empty(), "CUDA graph step: ", why);
+}
+
+GraphedStep::~GraphedStep() {
+  try {
+    finish();
+  } catch (...) {
+    // Already reported by whoever waited last; a broken communicator has been aborted.
+  }
+  if (exec_) {
+    device::cudaApi().graphDestroy(exec_);
+    logInfo(makeString("CUDA graph: replayed ", replays_, " steps"));
+  }
+  optimizer_.disableGraphScalars();
+}
+
+bool GraphedStep::fits(const Tensor& x, const Tensor& y) const {
+  return !x_.defined() ||
+         (x.shape() == x_.shape() && y.shape() == y_.shape() && x.dtype() == x_.dtype() && y.dtype() == y_.dtype());
+}
+
+void GraphedStep::run(const Tensor& x, const Tensor& y) {
+  if (!x_.defined()) {
+    // The eager warm-up: allocates the optimizer state and warms cuBLASLt's plans and NCCL, none of
+    // which may happen inside a capture.
+    step_(x.to(device_), y.to(device_));
+    x_ = Tensor::empty(x.shape(), x.dtype(), device_);
+    y_ = Tensor::empty(y.shape(), y.dtype(), device_);
+    return;
+  }
+  CYX_CHECK(fits(x, y), "CUDA graph step: the batch shape changed; run batches of another shape eagerly");
+  if (!exec_) capture();
+  // Stream-ordered after the last replay, which has read the previous batch by then.
+  x_.copyFrom(x);
+  y_.copyFrom(y);
+  optimizer_.prepareReplay(ddp_.model()->parameters());
+  finish();  // at most one replay in flight: a hung collective surfaces here, within the timeout
+  device::check(device::cudaApi().graphLaunch(device_.index, exec_));
+  void* event = nullptr;
+  device::check(device::cudaApi().recordComputeEvent(device_.index, &event));
+  pending_.reset(event, [](void* e) { device::cudaApi().eventRelease(e); });
+  ++replays_;
+}
+
+void GraphedStep::capture() {
+  cuda::Api& api = device::cudaApi();
+  finish();
+  // Nothing allocated before the capture may be freed inside it: drop what the warm-up step cached.
+  ddp_.model()->releaseCaches();
+  optimizer_.enableGraphScalars(device_);
+  optimizer_.setCapturing(true);
+  if (nccl_) nccl_->setCapturing(true);
+  auto restore = [&] {
+    optimizer_.setCapturing(false);
+    if (nccl_) nccl_->setCapturing(false);
+  };
+  device::check(api.graphBeginCapture(device_.index));
+  try {
+    step_(x_, y_);
+    ddp_.model()->releaseCaches();  // frees, inside the capture, what the step allocated
+  } catch (...) {
+    void* discarded = nullptr;
+    api.graphEndCapture(device_.index, &discarded);  // ends the capture; its status adds nothing
+    if (discarded) api.graphDestroy(discarded);
+    restore();
+    throw;
+  }
+  restore();
+  device::check(api.graphEndCapture(device_.index, &exec_));
+  logInfo(makeString("CUDA graph: captured the training step for batches of shape ", shapeString(x_.shape()), " on ",
+                     device_.str(), "; full batches replay it as one launch"));
+}
+
+void GraphedStep::finish() {
+  if (!pending_) return;
+  std::shared_ptr<void> event = std::move(pending_);
+  if (nccl_) {
+    nccl_->awaitReplay(event.get(), makeString("the replayed training step #", replays_, " (CUDA graph)"));
+  } else {
+    // No collective in the graph: it finishes on its own.
+    device::check(device::cudaApi().synchronize(device_.index));
+  }
+}
+
+}  // namespace cyxwiz::ddp

@@ -1,0 +1,67 @@
+// GraphedStep: a training step on a GPU (forward, loss, backward, the gradient all-reduce and the
+// optimizer) captured once into a CUDA graph and replayed for every batch of the same size. A small
+// model's step is some thirty kernel launches, each with its host work; replayed, it is one launch,
+// and the GPU no longer waits for the host.
+//
+// What makes a step replayable (a graph replays its kernels with the arguments of the capture):
+//  - the batch is copied into static device buffers before each replay;
+//  - the optimizer reads its per-step scalars from device memory, rewritten before each replay
+//    (Optimizer::prepareReplay); its state is allocated by the eager warm-up step before the capture;
+//  - the step's running loss and correct count go to device buffers that outlive the graph;
+//  - a collective's completion is a graph edge, not a host poll (NcclBackend::setCapturing);
+//  - whatever the step allocates it frees inside the capture (the layers drop their caches before
+//    the capture ends), so every replay starts from the same memory and nothing leaks.
+// Nothing waits forever: before the next replay and before any host read, the last replay is awaited
+// with the NCCL backend's timeout and abort, as an eager collective is.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "cyxwiz/ddp/ddp.h"
+
+namespace cyxwiz::comm {
+class NcclBackend;
+}
+
+namespace cyxwiz::ddp {
+
+class GraphedStep {
+ public:
+  // Runs one step on (x, y), both on the model's device; the same function is run eagerly and captured.
+  using Step = std::function<void(const Tensor& x, const Tensor& y)>;
+
+  // Why this DDP's step cannot be captured, or "" when it can.
+  static std::string unsupportedReason(const DistributedDataParallel& ddp);
+
+  GraphedStep(DistributedDataParallel& ddp, nn::Optimizer& optimizer, Step step);
+  ~GraphedStep();
+  GraphedStep(const GraphedStep&) = delete;
+  GraphedStep& operator=(const GraphedStep&) = delete;
+
+  // One step on a host (or device) batch. The first call runs it eagerly and fixes the batch shape;
+  // the second captures the step and replays it; later calls replay it. Batches of another shape
+  // (a last, shorter batch) must be run eagerly by the caller: fits() says which.
+  void run(const Tensor& x, const Tensor& y);
+  bool fits(const Tensor& x, const Tensor& y) const;
+  // Waits for the last replay (bounded by DISTRIBUTED_TIMEOUT_MS with NCCL); call before reading
+  // anything the step wrote on the host.
+  void finish();
+  int64_t replays() const { return replays_; }
+
+ private:
+  void capture();
+
+  DistributedDataParallel& ddp_;
+  nn::Optimizer& optimizer_;
+  Step step_;
+  comm::NcclBackend* nccl_;  // null: no collective in the graph (world size 1)
+  Device device_;
+  Tensor x_, y_;             // the static inputs the graph reads
+  void* exec_ = nullptr;     // the instantiated graph
+  std::shared_ptr<void> pending_;  // event after the last replay
+  int64_t replays_ = 0;
+};
+
+}  // namespace cyxwiz::ddp

@@ -1,0 +1,104 @@
+"""DistributedTrainingConfig.cuda_graphs: each full batch's training step captured once into a CUDA
+graph and replayed. The oracle is the same fit without graphs, on the same GPU, from the same seed:
+the replayed kernels are the captured ones, fed the same data and the same per-step scalars (the
+optimizer writes them to the device before each replay), so the histories and the final parameters
+must agree to float32 rounding. The fits cover a last, shorter batch (run eagerly between replays),
+several epochs (the running sums are cleared between them), validation data (evaluate between
+replays), SGD with momentum and MSE. A log line at CYXWIZ_LOG_LEVEL=info proves the replays
+happened; a notice says why graphs are ignored where the step cannot be captured (Dropout).
+
+Under the tests' host emulator (tests/gpu/emulator) the capture is emulated strictly: a host copy
+inside the capture, or memory allocated in it and not freed in it, fails the fit.
+
+Needs a usable GPU (skipped otherwise, with cx.cuda.unavailable_reason()).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gpu_support import Runner, clean_env, requires_gpu
+
+pytestmark = requires_gpu
+
+SCRIPT = r'''
+import json, sys
+import numpy as np
+import pycyxwiz as cx
+import pycyxwiz.distributed as D
+
+case, graphs, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+D.init()
+rng = np.random.RandomState(7)
+X = rng.standard_normal((203, 20)).astype(np.float32)   # 203 = 6 x 32 + 11: a last batch of 11 rows
+cx.manual_seed(11)
+model = cx.SequentialModel()
+model.add(cx.LinearModule(20, 32))
+model.add(cx.ReLUModule())
+if case == "dropout":
+    model.add(cx.DropoutModule(0.2))
+model.add(cx.LinearModule(32, 16))
+model.add(cx.TanhModule())
+model.add(cx.LinearModule(16, 4 if case != "mse" else 3))
+model.to("cuda")
+if case == "mse":
+    y = rng.standard_normal((203, 3)).astype(np.float32)
+    loss, opt = cx.MSELoss(), cx.SGDOptimizer(0.05, momentum=0.9)
+else:
+    y = rng.randint(0, 4, 203).astype(np.int64)
+    loss, opt = cx.CrossEntropyLoss(), cx.AdamWOptimizer(0.01, weight_decay=0.01)
+trainer = D.DistributedTrainer(model, loss, opt)
+config = D.DistributedTrainingConfig()
+config.epochs, config.batch_size, config.seed, config.verbose = 3, 32, 5, False
+config.cuda_graphs = graphs
+Xv, yv = X[:40], y[:40]
+h = trainer.fit(X, y, Xv, yv, config)
+json.dump({"train_loss": h.train_losses, "train_acc": h.train_accuracies, "val_loss": h.val_losses,
+           "params": [p.tolist() for p in model.parameters()], "steps": opt.state_dict()["step"]}, open(out, "w"))
+D.finalize()
+'''
+
+
+def fit(tmp_path: Path, case: str, graphs: bool) -> tuple[dict, str]:
+    script = tmp_path / "fit.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / f"{case}-{int(graphs)}.json"
+    runner = Runner(tmp_path)
+    try:
+        _, stderr = runner.run([sys.executable, script, case, "1" if graphs else "0", out],
+                               clean_env(CYXWIZ_LOG_LEVEL="info"), timeout=120)
+    finally:
+        runner.cleanup()
+    return json.loads(out.read_text()), stderr
+
+
+@pytest.mark.parametrize("case", ["adamw-cross-entropy", "sgd-momentum-mse"])
+def test_graphed_fit_matches_the_eager_fit(tmp_path, case):
+    case = "mse" if case.endswith("mse") else "ce"
+    eager, eager_log = fit(tmp_path, case, False)
+    graphed, log = fit(tmp_path, case, True)
+    # 3 epochs x 7 batches: per epoch 6 full batches (1 eager warm-up in the first epoch, then replays)
+    # and 1 short batch run eagerly.
+    captured = re.findall(r"CUDA graph: captured the training step", log)
+    assert len(captured) == 1, f"expected one capture in the log, got {len(captured)}:\n{log[-3000:]}"
+    assert "CUDA graph" not in eager_log
+    replays = re.search(r"CUDA graph: replayed (\d+) steps", log)
+    assert replays and int(replays.group(1)) == 3 * 6 - 1, f"replays: {log[-3000:]}"
+    assert graphed["steps"] == eager["steps"] == 3 * 7
+    for key in ("train_loss", "train_acc", "val_loss"):
+        np.testing.assert_allclose(graphed[key], eager[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    for i, (g, e) in enumerate(zip(graphed["params"], eager["params"])):
+        np.testing.assert_allclose(np.array(g), np.array(e), rtol=1e-5, atol=1e-6, err_msg=f"parameter {i}")
+    assert graphed["train_loss"][-1] < graphed["train_loss"][0], "the graphed fit did not learn"
+
+
+def test_dropout_makes_the_trainer_ignore_cuda_graphs_with_a_notice(tmp_path):
+    graphed, log = fit(tmp_path, "dropout", True)
+    assert "cuda_graphs=True is ignored because DropoutModule(p=0.2) draws a new mask" in log, log[-3000:]
+    assert "captured the training step" not in log
+    assert graphed["steps"] == 3 * 7
