@@ -117,6 +117,7 @@ static bool pythonSignalPending() {
 
 void init_ddp(py::module_& d);
 void init_trainer(py::module_& d);
+void init_train_step(py::module_& d);
 
 void init_distributed(py::module_& m) {
   py::module_ d = m.def_submodule("distributed", "Data-parallel communication: init, collectives, errors.");
@@ -229,4 +230,5 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
 
   init_ddp(d);
   init_trainer(d);
+  init_train_step(d);
 }

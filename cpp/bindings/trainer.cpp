@@ -50,7 +50,8 @@ void init_trainer(py::module_& d) {
                      "'' (default), 'latest' (newest checkpoint in checkpoint_dir, if any) or a checkpoint path.")
       .def_readwrite("cuda_graphs", &TrainingConfig::cudaGraphs,
                      "Replay each full batch's step as a CUDA graph on a GPU model (default False); ignored, with a "
-                     "notice, where the step cannot be captured.")
+                     "notice, where the step cannot be captured (CPU model, CPU backend with several ranks, "
+                     "check_gradients).")
       .def("__repr__", [](const TrainingConfig& c) {
         auto flag = [](bool b) { return b ? "True" : "False"; };
         return makeString("DistributedTrainingConfig(epochs=", c.epochs, ", batch_size=", c.batchSize, ", shuffle=",

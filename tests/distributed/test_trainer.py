@@ -444,3 +444,54 @@ def test_cuda_graphs_on_a_cpu_model_is_ignored_with_a_notice(ranks):
     notice = "cuda_graphs=True is ignored because the model is on the CPU"
     for r in results:
         assert r.err.count(notice) == 1, f"rank {r.rank} stderr:\n{r.err}"
+
+
+# ---------------------------------------------------------------------------- TrainStep
+
+TRAIN_STEP = PRELUDE + r'''
+D.init()
+X, y = blobs(150, seed=6)
+batches = [(X[i:i + 32], y[i:i + 32]) for i in range(0, 150, 32)]   # the last one has 22 rows
+
+# The oracle: the guide's hand-written loop.
+model = build(seed=3)
+ddp = D.DistributedDataParallel(model)
+opt, loss_fn = cx.AdamOptimizer(0.01), cx.CrossEntropyLoss()
+losses, correct = [], 0
+for xb, yb in batches:
+    out = ddp.forward(xb)
+    losses.append(loss_fn.forward(out, yb) * len(xb))
+    correct += int((np.argmax(out, axis=1) == yb).sum())
+    ddp.backward(loss_fn.backward(out, yb))
+    ddp.update_parameters(opt)
+manual = dict(loss=sum(losses) / 150, accuracy=correct / 150, digest=digest(model))
+
+model = build(seed=3)
+ddp = D.DistributedDataParallel(model)
+step = D.TrainStep(ddp, cx.CrossEntropyLoss(), cx.AdamOptimizer(0.01))
+assert math.isnan(step.loss()) and step.samples == 0 and not step.graphed
+for xb, yb in batches:
+    step(xb, yb)
+stepped = dict(loss=step.loss(), accuracy=step.accuracy(), digest=digest(model), samples=step.samples)
+step.reset()
+assert step.samples == 0 and math.isnan(step.accuracy())
+try:
+    step(X[:8], np.full(8, 7))   # class 7 of 4
+    bad = None
+except ValueError as e:
+    bad = str(e)
+dump("step", manual=manual, stepped=stepped, bad=bad)
+'''
+
+
+def test_train_step_equals_the_hand_written_loop(ranks):
+    """TrainStep on every batch (the last one shorter) ends where the guide's loop of ddp.forward,
+    loss_fn.backward, ddp.backward and ddp.update_parameters ends, on 2 ranks: the same weights bit for
+    bit, and loss()/accuracy() are the sample-weighted means of that loop's loss values and argmax hits."""
+    run(ranks, "import math\n" + TRAIN_STEP, 2)
+    for r, rep in enumerate(outputs(ranks, "step", 2)):
+        manual, stepped = rep["manual"], rep["stepped"]
+        assert stepped["digest"] == manual["digest"], f"rank {r}: TrainStep trained other weights"
+        assert stepped["loss"] == pytest.approx(manual["loss"], rel=1e-12), f"rank {r}"
+        assert stepped["accuracy"] == manual["accuracy"] and stepped["samples"] == 150, f"rank {r}"
+        assert rep["bad"] and "TrainStep: target class 7 at row 0 is out of range for 4 classes" in rep["bad"], rep["bad"]

@@ -97,8 +97,67 @@ def test_graphed_fit_matches_the_eager_fit(tmp_path, case):
     assert graphed["train_loss"][-1] < graphed["train_loss"][0], "the graphed fit did not learn"
 
 
-def test_dropout_makes_the_trainer_ignore_cuda_graphs_with_a_notice(tmp_path):
+def test_graphed_fit_with_dropout_draws_the_eager_masks(tmp_path):
+    """Dropout's seed is drawn on the host before each replay, in the order an eager step draws it, and
+    read by the captured kernel from device memory: the graphed fit must equal the eager one."""
+    eager, _ = fit(tmp_path, "dropout", False)
     graphed, log = fit(tmp_path, "dropout", True)
-    assert "cuda_graphs=True is ignored because DropoutModule(p=0.2) draws a new mask" in log, log[-3000:]
-    assert "captured the training step" not in log
-    assert graphed["steps"] == 3 * 7
+    assert "captured the training step" in log, log[-3000:]
+    for key in ("train_loss", "train_acc", "val_loss"):
+        np.testing.assert_allclose(graphed[key], eager[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    for i, (g, e) in enumerate(zip(graphed["params"], eager["params"])):
+        np.testing.assert_allclose(np.array(g), np.array(e), rtol=1e-5, atol=1e-6, err_msg=f"parameter {i}")
+
+
+STEP_SCRIPT = r'''
+import json, sys
+import numpy as np
+import pycyxwiz as cx
+import pycyxwiz.distributed as D
+
+D.init()
+rng = np.random.RandomState(9)
+X = rng.standard_normal((10 * 16 + 5, 12)).astype(np.float32)
+y = rng.randint(0, 3, len(X)).astype(np.int64)
+result = {}
+for graphs in (False, True):
+    cx.manual_seed(4)
+    model = cx.SequentialModel()
+    model.add(cx.LinearModule(12, 24))
+    model.add(cx.ReLUModule())
+    model.add(cx.LinearModule(24, 3))
+    model.to("cuda")
+    ddp = D.DistributedDataParallel(model)
+    step = D.TrainStep(ddp, cx.CrossEntropyLoss(), cx.AdamOptimizer(0.02), cuda_graphs=graphs)
+    for epoch in range(2):
+        step.reset()
+        for i in range(0, len(X), 16):
+            step(X[i:i + 16], y[i:i + 16])
+    result[str(graphs)] = dict(graphed=step.graphed, replays=step.replays, loss=step.loss(), accuracy=step.accuracy(),
+                               samples=step.samples, params=[p.tolist() for p in model.parameters()])
+json.dump(result, open(sys.argv[1], "w"))
+D.finalize()
+'''
+
+
+def test_train_step_with_cuda_graphs_matches_the_eager_step(tmp_path):
+    """cx.distributed.TrainStep in a hand-written loop: 2 epochs of 10 full batches and a short one.
+    With cuda_graphs the first batch is eager, the second captured and replayed, every later full
+    batch replayed (2 x 10 - 1 replays); the short ones run eagerly. Same weights and metrics as the
+    eager steps."""
+    script, out = tmp_path / "step.py", tmp_path / "step.json"
+    script.write_text(STEP_SCRIPT)
+    runner = Runner(tmp_path)
+    try:
+        runner.run([sys.executable, script, out], clean_env(), timeout=120)
+    finally:
+        runner.cleanup()
+    result = json.loads(out.read_text())
+    eager, graphed = result["False"], result["True"]
+    assert not eager["graphed"] and eager["replays"] == 0
+    assert graphed["graphed"] and graphed["replays"] == 2 * 10 - 1, graphed["replays"]
+    assert graphed["samples"] == eager["samples"] == len(range(0, 165))
+    np.testing.assert_allclose(graphed["loss"], eager["loss"], rtol=1e-5)
+    assert graphed["accuracy"] == pytest.approx(eager["accuracy"], abs=1 / 165)
+    for i, (g, e) in enumerate(zip(graphed["params"], eager["params"])):
+        np.testing.assert_allclose(np.array(g), np.array(e), rtol=1e-5, atol=1e-6, err_msg=f"parameter {i}")

@@ -19,7 +19,7 @@
 namespace cyxwiz::cuda {
 
 // Bumped on any change below; _core refuses a library of another version.
-constexpr int kApiVersion = 4;
+constexpr int kApiVersion = 5;
 
 using Status = std::string;  // empty: success
 
@@ -87,9 +87,10 @@ class Api {
   // out = a * b element-wise.
   virtual Status multiply(int dev, const float* a, const float* b, float* out, int64_t n) noexcept = 0;
   // mask[i] = (uniform(seed, i) < keep) ? 1/keep : 0; y = x * mask. Counter-based RNG: the same seed
-  // gives the same mask.
+  // gives the same mask. `seedOnDevice` not null: the seed is read from there (dev's memory) when the
+  // kernel runs, for a graph that replays with a new seed each time (as the optimizers' scalars).
   virtual Status dropoutForward(int dev, const float* x, float* y, float* mask, int64_t n, float keep,
-                                uint64_t seed) noexcept = 0;
+                                uint64_t seed, const uint64_t* seedOnDevice) noexcept = 0;
   virtual Status softmaxForward(int dev, const float* x, float* y, int64_t rows, int64_t cols) noexcept = 0;
   // dx = y * (g - sum_c g * y), per row.
   virtual Status softmaxBackward(int dev, const float* y, const float* g, float* dx, int64_t rows,

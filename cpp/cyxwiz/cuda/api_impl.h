@@ -38,8 +38,8 @@ class ApiImpl final : public Api {
   Status activationBackward(int dev, Activation f, const float* x, const float* g, float* dx,
                             int64_t n) noexcept override;
   Status multiply(int dev, const float* a, const float* b, float* out, int64_t n) noexcept override;
-  Status dropoutForward(int dev, const float* x, float* y, float* mask, int64_t n, float keep,
-                        uint64_t seed) noexcept override;
+  Status dropoutForward(int dev, const float* x, float* y, float* mask, int64_t n, float keep, uint64_t seed,
+                        const uint64_t* seedOnDevice) noexcept override;
   Status softmaxForward(int dev, const float* x, float* y, int64_t rows, int64_t cols) noexcept override;
   Status softmaxBackward(int dev, const float* y, const float* g, float* dx, int64_t rows,
                          int64_t cols) noexcept override;

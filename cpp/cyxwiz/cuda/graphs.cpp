@@ -72,13 +72,16 @@ Status ApiImpl::computeWaitsForStream(int dev, uintptr_t stream) noexcept {
   return {};
 }
 
-Status ApiImpl::recordCommEvent(int dev, void** event) noexcept {
+namespace {
+
+// A new event recorded on `stream` of `dev`, for the caller to release.
+Status recordEvent(int dev, cudaStream_t DeviceState::*stream, void** event) {
   *event = nullptr;
   DeviceState* s = nullptr;
   CX_TRY(useDevice(dev, &s));
   cudaEvent_t ev = nullptr;
   CX_CUDA_TRY(dev, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  cudaError_t e = cudaEventRecord(ev, s->comm);
+  cudaError_t e = cudaEventRecord(ev, s->*stream);
   if (e != cudaSuccess) {
     cudaEventDestroy(ev);
     return cudaFailure("cudaEventRecord", dev, e);
@@ -87,19 +90,12 @@ Status ApiImpl::recordCommEvent(int dev, void** event) noexcept {
   return {};
 }
 
+}  // namespace
+
+Status ApiImpl::recordCommEvent(int dev, void** event) noexcept { return recordEvent(dev, &DeviceState::comm, event); }
+
 Status ApiImpl::recordComputeEvent(int dev, void** event) noexcept {
-  *event = nullptr;
-  DeviceState* s = nullptr;
-  CX_TRY(useDevice(dev, &s));
-  cudaEvent_t ev = nullptr;
-  CX_CUDA_TRY(dev, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  cudaError_t e = cudaEventRecord(ev, s->compute);
-  if (e != cudaSuccess) {
-    cudaEventDestroy(ev);
-    return cudaFailure("cudaEventRecord", dev, e);
-  }
-  *event = ev;
-  return {};
+  return recordEvent(dev, &DeviceState::compute, event);
 }
 
 Status ApiImpl::eventQuery(void* event, bool* done) noexcept {

@@ -101,7 +101,8 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t seed, uint64_t i) {
 }
 
 __global__ void dropoutKernel(const float* x, float* y, float* mask, int64_t n, float keep, float scale,
-                              uint64_t seed) {
+                              uint64_t seed, const uint64_t* seedOnDevice) {
+  if (seedOnDevice) seed = *seedOnDevice;
   for (int64_t i = globalIndex(); i < n; i += globalStride()) {
     // The top 24 bits, as cyxwiz::uniform01: exactly representable floats in [0, 1).
     const float u = static_cast<float>(splitmix64(seed, static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
@@ -192,7 +193,7 @@ Status ApiImpl::activationBackward(int dev, Activation f, const float* x, const 
 }
 
 Status ApiImpl::dropoutForward(int dev, const float* x, float* y, float* mask, int64_t n, float keep,
-                               uint64_t seed) noexcept {
+                               uint64_t seed, const uint64_t* seedOnDevice) noexcept {
   if (!(keep > 0.0f && keep <= 1.0f)) {
     return "dropoutForward on cuda:" + std::to_string(dev) + ": keep probability " + std::to_string(keep) +
            " is outside (0, 1]";
@@ -200,7 +201,8 @@ Status ApiImpl::dropoutForward(int dev, const float* x, float* y, float* mask, i
   if (n <= 0) return {};
   DeviceState* s = nullptr;
   CX_TRY(useDevice(dev, &s));
-  dropoutKernel<<<gridFor(n), kThreads, 0, s->compute>>>(x, y, mask, n, keep, 1.0f / keep, seed);
+  dropoutKernel<<<gridFor(n), kThreads, 0, s->compute>>>(x, y, mask, n, keep, 1.0f / keep, seed,
+                                                         seedOnDevice);
   return launchStatus("dropoutKernel", dev);
 }
 

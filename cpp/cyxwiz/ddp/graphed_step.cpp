@@ -18,13 +18,6 @@ std::string GraphedStep::unsupportedReason(const DistributedDataParallel& ddp) {
   if (ddp.config().checkGradients && ddp.worldSize() > 1) {
     return "check_gradients compares the gradients on the host at every step";
   }
-  for (const auto& m : model.modules()) {
-    const auto* dropout = dynamic_cast<const nn::DropoutModule*>(m.get());
-    if (dropout && dropout->p() > 0.0 && model.training()) {
-      return makeString("DropoutModule(p=", dropout->p(), ") draws a new mask on the host for every step, and a ",
-                        "replayed graph would reuse one");
-    }
-  }
   return "";
 }
 
@@ -36,6 +29,9 @@ GraphedStep::GraphedStep(DistributedDataParallel& ddp, nn::Optimizer& optimizer,
       device_(ddp.model()->device()) {
   const std::string why = unsupportedReason(ddp);
   CYX_CHECK(why.empty(), "CUDA graph step: ", why);
+  for (const auto& m : ddp.model()->modules()) {
+    if (auto* dropout = dynamic_cast<nn::DropoutModule*>(m.get())) dropouts_.push_back(dropout);
+  }
 }
 
 GraphedStep::~GraphedStep() {
@@ -49,6 +45,7 @@ GraphedStep::~GraphedStep() {
     logInfo(makeString("CUDA graph: replayed ", replays_, " steps"));
   }
   optimizer_.disableGraphScalars();
+  for (nn::DropoutModule* d : dropouts_) d->disableGraphSeed();
 }
 
 bool GraphedStep::fits(const Tensor& x, const Tensor& y) const {
@@ -67,11 +64,14 @@ void GraphedStep::run(const Tensor& x, const Tensor& y) {
   }
   CYX_CHECK(fits(x, y), "CUDA graph step: the batch shape changed; run batches of another shape eagerly");
   if (!exec_) capture();
-  // Stream-ordered after the last replay, which has read the previous batch by then.
+  // The last replay first, bounded: a hung collective surfaces here within the timeout, and the copies
+  // below (which may wait for the stream while staging pageable memory) never wait on a stuck graph.
+  finish();
   x_.copyFrom(x);
   y_.copyFrom(y);
+  // The draws an eager step would make, in its order: the layers' forward, then the optimizer.
+  for (nn::DropoutModule* d : dropouts_) d->prepareReplay();
   optimizer_.prepareReplay(ddp_.model()->parameters());
-  finish();  // at most one replay in flight: a hung collective surfaces here, within the timeout
   device::check(device::cudaApi().graphLaunch(device_.index, exec_));
   void* event = nullptr;
   device::check(device::cudaApi().recordComputeEvent(device_.index, &event));
@@ -85,12 +85,13 @@ void GraphedStep::capture() {
   // Nothing allocated before the capture may be freed inside it: drop what the warm-up step cached.
   ddp_.model()->releaseCaches();
   optimizer_.enableGraphScalars(device_);
-  optimizer_.setCapturing(true);
-  if (nccl_) nccl_->setCapturing(true);
-  auto restore = [&] {
-    optimizer_.setCapturing(false);
-    if (nccl_) nccl_->setCapturing(false);
+  for (nn::DropoutModule* d : dropouts_) d->enableGraphSeed(device_);
+  auto capturing = [&](bool on) {
+    optimizer_.setCapturing(on);
+    for (nn::DropoutModule* d : dropouts_) d->setCapturing(on);
+    if (nccl_) nccl_->setCapturing(on);
   };
+  capturing(true);
   device::check(api.graphBeginCapture(device_.index));
   try {
     step_(x_, y_);
@@ -99,10 +100,10 @@ void GraphedStep::capture() {
     void* discarded = nullptr;
     api.graphEndCapture(device_.index, &discarded);  // ends the capture; its status adds nothing
     if (discarded) api.graphDestroy(discarded);
-    restore();
+    capturing(false);
     throw;
   }
-  restore();
+  capturing(false);
   device::check(api.graphEndCapture(device_.index, &exec_));
   logInfo(makeString("CUDA graph: captured the training step for batches of shape ", shapeString(x_.shape()), " on ",
                      device_.str(), "; full batches replay it as one launch"));

@@ -5,8 +5,9 @@
 //
 // What makes a step replayable (a graph replays its kernels with the arguments of the capture):
 //  - the batch is copied into static device buffers before each replay;
-//  - the optimizer reads its per-step scalars from device memory, rewritten before each replay
-//    (Optimizer::prepareReplay); its state is allocated by the eager warm-up step before the capture;
+//  - the optimizer reads its per-step scalars, and Dropout its seed, from device memory rewritten
+//    before each replay with the values an eager step would use (Optimizer::prepareReplay,
+//    DropoutModule::prepareReplay); the optimizer's state is allocated by the eager warm-up step;
 //  - the step's running loss and correct count go to device buffers that outlive the graph;
 //  - a collective's completion is a graph edge, not a host poll (NcclBackend::setCapturing);
 //  - whatever the step allocates it frees inside the capture (the layers drop their caches before
@@ -18,8 +19,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cyxwiz/ddp/ddp.h"
+#include "cyxwiz/nn/dropout.h"
 
 namespace cyxwiz::comm {
 class NcclBackend;
@@ -60,6 +63,7 @@ class GraphedStep {
   Device device_;
   Tensor x_, y_;             // the static inputs the graph reads
   void* exec_ = nullptr;     // the instantiated graph
+  std::vector<nn::DropoutModule*> dropouts_;  // their seeds are drawn before each replay
   std::shared_ptr<void> pending_;  // event after the last replay
   int64_t replays_ = 0;
 };

@@ -12,9 +12,9 @@
 #include "cyxwiz/common/logging.h"
 #include "cyxwiz/ddp/checkpoint.h"
 #include "cyxwiz/ddp/exchange.h"
-#include "cyxwiz/ddp/graphed_step.h"
 #include "cyxwiz/ddp/rows.h"
 #include "cyxwiz/ddp/sampler.h"
+#include "cyxwiz/ddp/train_step.h"
 #include "cyxwiz/tensor/random.h"
 
 namespace cyxwiz::ddp {
@@ -143,29 +143,14 @@ TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
   const auto start = Clock::now();
   double samples = 0.0, trainSeconds = 0.0;
   model_->train();
-  // One Sums for the whole fit: a captured step writes into these very buffers on every replay.
-  Sums sums = newSums();
-  struct GraphReset {  // the graph (and the optimizer's graph mode) ends with this fit, however it ends
-    std::unique_ptr<GraphedStep>& graph;
-    ~GraphReset() { graph.reset(); }
-  } graphReset{graph_};
-  if (config.cudaGraphs) {
-    const std::string why = GraphedStep::unsupportedReason(*ddp_);
-    if (why.empty()) {
-      graph_ = std::make_unique<GraphedStep>(*ddp_, *optimizer_,
-                                             [this, &sums](const Tensor& x, const Tensor& t) { step(x, t, sums); });
-    } else {
-      logNotice("DistributedTrainer.fit: cuda_graphs=True is ignored because " + why + "; training without graphs");
-    }
-  }
+  // One step for the whole fit: with cuda_graphs its graph is captured once and replayed every epoch.
+  TrainStep step(*ddp_, loss_, optimizer_, config.cudaGraphs, "DistributedTrainer.fit");
   for (int64_t epoch = epochsDone_; epoch < config.epochs; ++epoch) {
     const auto epochStart = Clock::now();
     report({ProgressEvent::Kind::EpochBegin, epoch + 1, config.epochs, 0, batches.numBatches()}, config.verbose);
-    if (graph_) graph_->finish();  // the last epoch's replays, before their sums are cleared
-    sums.values.fill(0.0);
-    sums.count = 0;
-    trainEpoch(X, y, batches, epoch, config, sums);
-    std::vector<double> total = allReduceSum(*ddp_->backend(), localTotals(sums));
+    step.reset();
+    trainEpoch(X, y, batches, epoch, config, step);
+    std::vector<double> total = allReduceSum(*ddp_->backend(), step.totals());
     const double epochSeconds = secondsSince(epochStart);
     samples += total[2];
     trainSeconds += epochSeconds;
@@ -204,25 +189,16 @@ TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
 }
 
 void DistributedTrainer::trainEpoch(const Tensor& X, const Tensor& y, DistributedBatchIterator& batches, int64_t epoch,
-                                    const TrainingConfig& config, Sums& sums) {
+                                    const TrainingConfig& config, TrainStep& step) {
   batches.reset(epoch);
   const int64_t count = batches.numBatches();
   const auto start = Clock::now();
   for (int64_t b = 0; batches.hasNext(); ++b) {
     std::vector<int64_t> rows = batches.next();
-    Tensor xb = gatherRows(X, rows), yb = gatherRows(y, rows);
-    // Labels are range-checked here, on the host, so the step itself never reads the device.
-    loss_->checkTarget(outputShape(X, xb.size(0)), yb, "DistributedTrainer.fit");
-    if (graph_ && graph_->fits(xb, yb)) {
-      graph_->run(xb, yb);
-    } else {
-      const Device device = model_->device();
-      step(xb.to(device), yb.to(device), sums);
-    }
-    sums.count += static_cast<double>(xb.size(0));
+    step.run(gatherRows(X, rows), gatherRows(y, rows));
     if (config.verbose && isMaster() && ((b + 1) % config.logEveryNBatches == 0 || b + 1 == count)) {
       ProgressEvent e{ProgressEvent::Kind::Batch, epoch + 1, config.epochs, b + 1, count};
-      const std::vector<double> local = localTotals(sums);
+      const std::vector<double> local = step.totals();
       e.loss = local[0] / local[2];
       e.hasAccuracy = loss_->takesClassIndices();
       e.accuracy = local[1] / local[2];
@@ -234,48 +210,23 @@ void DistributedTrainer::trainEpoch(const Tensor& X, const Tensor& y, Distribute
   }
 }
 
-DistributedTrainer::Sums DistributedTrainer::newSums() const {
-  return {Tensor::zeros({2}, DType::Float64, model_->device()), 0.0};
-}
-
-void DistributedTrainer::step(const Tensor& x, const Tensor& y, Sums& sums) {
-  Tensor out = ddp_->forward(x);
-  addBatch(sums, out, y);
-  ddp_->backward(loss_->gradient(out, y));
-  ddp_->updateParameters(*optimizer_);
-}
-
-void DistributedTrainer::addBatch(Sums& sums, const Tensor& output, const Tensor& target) const {
-  loss_->addLossSum(output, target, sums.values, 0);
-  if (loss_->takesClassIndices()) nn::addCorrectCount(output, target, sums.values, 1);
-}
-
-std::vector<double> DistributedTrainer::localTotals(const Sums& sums) {
-  if (graph_) graph_->finish();  // bounded: a replay stuck in a collective fails here, not in the copy
-  const Tensor host = sums.values.to(Device{});
-  return {host.data<double>()[0], host.data<double>()[1], sums.count};
-}
-
-Shape DistributedTrainer::outputShape(const Tensor& X, int64_t rows) const {
-  int64_t features = X.size(1);
-  for (const auto& m : model_->modules()) features = m->outFeatures(features);
-  return {rows, features};
-}
-
 std::pair<double, double> DistributedTrainer::evaluate(const Tensor& X, const Tensor& y, int64_t batchSize) {
   checkDataset(X, y, "DistributedTrainer.evaluate");
   CYX_CHECK(batchSize > 0, "DistributedTrainer.evaluate: batch_size=", batchSize, " must be positive");
   checkSameData("evaluate", X, &y, nullptr);
   EvalMode guard(*model_);
   std::vector<int64_t> mine = strideRows(X.size(0), rank(), worldSize());
-  Sums sums = newSums();
+  Tensor sums = Tensor::zeros({2}, DType::Float64, model_->device());  // {loss, correct}, read once at the end
+  double count = 0;
   for (size_t begin = 0; begin < mine.size(); begin += static_cast<size_t>(batchSize)) {
     std::vector<int64_t> rows(mine.begin() + begin, mine.begin() + std::min(mine.size(), begin + batchSize));
     Tensor out = model_->forward(gatherRows(X, rows));
-    addBatch(sums, out, loss_->prepareTarget(out, gatherRows(y, rows), "DistributedTrainer.evaluate"));
-    sums.count += static_cast<double>(out.size(0));
+    addBatchSums(*loss_, out, loss_->prepareTarget(out, gatherRows(y, rows), "DistributedTrainer.evaluate"), sums);
+    count += static_cast<double>(out.size(0));
   }
-  std::vector<double> total = allReduceSum(*ddp_->backend(), localTotals(sums));
+  const Tensor local = sums.to(Device{});
+  std::vector<double> total =
+      allReduceSum(*ddp_->backend(), {local.data<double>()[0], local.data<double>()[1], count});
   const double accuracy = loss_->takesClassIndices() ? total[1] / total[2] : std::nan("");
   return {total[0] / total[2], accuracy};
 }

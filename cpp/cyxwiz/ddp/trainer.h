@@ -53,7 +53,7 @@ struct ProgressEvent {
 };
 using ProgressCallback = std::function<void(const ProgressEvent&)>;
 
-class GraphedStep;
+class TrainStep;
 
 class DistributedTrainer {
  public:
@@ -79,29 +79,13 @@ class DistributedTrainer {
   DistributedDataParallel& ddp() { return *ddp_; }
 
  private:
-  // An epoch's running loss and correct-prediction sums. They stay on the model's device, so a GPU
-  // step makes no host read; a progress line or the epoch's end reads them in one small copy.
-  struct Sums {
-    Tensor values;  // float64 {loss summed over rows, correct rows}
-    double count = 0;
-  };
-  Sums newSums() const;
-  // Adds one batch's loss and correct count (not its rows: the caller counts those on the host);
-  // `target` is checked and on the output's device.
-  void addBatch(Sums& sums, const Tensor& output, const Tensor& target) const;
-  // This rank's {loss, correct, count}, read to the host (after the last graph replay).
-  std::vector<double> localTotals(const Sums& sums);
-  // One training step on a batch already on the model's device, its target checked: the function a
-  // CUDA graph captures, and the eager step.
-  void step(const Tensor& x, const Tensor& y, Sums& sums);
-  // The output shape of a batch of `rows` rows of `X` (to check targets before the forward).
-  Shape outputShape(const Tensor& X, int64_t rows) const;
+
   TrainingHistory run(const Tensor& X, const Tensor& y, std::optional<std::pair<Tensor, Tensor>> validation,
                       const TrainingConfig& config);
   // Every rank must pass the same data shape; InvalidArgument on every rank otherwise.
   void checkSameData(const char* who, const Tensor& X, const Tensor* y, const Tensor* Xval);
   void trainEpoch(const Tensor& X, const Tensor& y, class DistributedBatchIterator& batches, int64_t epoch,
-                  const TrainingConfig& config, Sums& sums);
+                  const TrainingConfig& config, TrainStep& step);
   // Writes `path` on the writing ranks, then tells every rank whether every write worked.
   void writeCheckpoint(const std::string& path, bool everyRankWrites);
   void resume(const TrainingConfig& config);
@@ -115,7 +99,6 @@ class DistributedTrainer {
   int64_t epochsDone_ = 0;   // of the current (or last) training run
   TrainingHistory done_;     // its history so far
   bool loaded_ = false;      // a checkpoint was loaded for the next fit to continue
-  std::unique_ptr<GraphedStep> graph_;  // during a fit with cuda_graphs
 };
 
 }  // namespace cyxwiz::ddp

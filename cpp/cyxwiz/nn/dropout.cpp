@@ -29,9 +29,13 @@ Tensor DropoutModule::forward(const Tensor& input) {
   auto& gen = globalGenerator();
   if (input.isCuda()) {
     // One draw from the global generator seeds the GPU's counter-based stream: manual_seed still
-    // makes GPU runs repeatable, though the masks differ from the CPU's.
+    // makes GPU runs repeatable, though the masks differ from the CPU's. A captured forward draws
+    // nothing: prepareReplay draws for each replay.
+    if (capturing_) capturedActive_ = true;  // eager forwards between replays leave it as captured
+    const uint64_t* seedOnDevice =
+        capturing_ ? reinterpret_cast<const uint64_t*>(graphSeed_.deviceData<int64_t>()) : nullptr;
     CYX_CUDA(dropoutForward(input.device().index, input.deviceData<float>(), out.deviceData<float>(),
-                            mask_.deviceData<float>(), input.numel(), keep, gen()));
+                            mask_.deviceData<float>(), input.numel(), keep, capturing_ ? 0 : gen(), seedOnDevice));
     return out;
   }
   float* m = mask_.data<float>();
@@ -43,6 +47,23 @@ Tensor DropoutModule::forward(const Tensor& input) {
     y[i] = x[i] * m[i];
   }
   return out;
+}
+
+void DropoutModule::enableGraphSeed(const Device& device) {
+  graphSeed_ = Tensor::zeros({1}, DType::Int64, device);
+  capturedActive_ = false;
+}
+
+void DropoutModule::disableGraphSeed() {
+  graphSeed_ = Tensor();
+  capturing_ = capturedActive_ = false;
+}
+
+void DropoutModule::prepareReplay() {
+  if (!capturedActive_) return;  // captured as the identity (eval mode or p = 0): no draw, as eager
+  Tensor host = Tensor::empty({1}, DType::Int64);
+  host.data<int64_t>()[0] = static_cast<int64_t>(globalGenerator()());
+  graphSeed_.copyFrom(host);  // stream-ordered: lands before the replay queued after it
 }
 
 Tensor DropoutModule::backward(const Tensor& gradOutput) {

@@ -17,6 +17,15 @@ class DropoutModule : public Module {
   std::string repr() const override;
   double p() const { return p_; }
 
+  // For a step captured into a CUDA graph (ddp/graphed_step.h), as Optimizer's graph scalars: while
+  // capturing, the GPU kernel reads its seed from a device buffer instead of drawing one; before each
+  // replay, prepareReplay() makes the draw an eager forward would make (from the global generator, in
+  // the same order) and writes it there. So a graphed step draws the masks an eager one would.
+  void enableGraphSeed(const Device& device);
+  void disableGraphSeed();
+  void setCapturing(bool capturing) { capturing_ = capturing && graphSeed_.defined(); }
+  void prepareReplay();
+
  protected:
   void clearCache() override {
     mask_ = Tensor();
@@ -28,6 +37,9 @@ class DropoutModule : public Module {
   Tensor mask_;  // 0 or 1/(1-p) per element; undefined when forward ran as the identity
   Shape shape_;
   bool ranForward_ = false;
+  Tensor graphSeed_;           // int64 holding the uint64 seed, on the model's device
+  bool capturing_ = false;
+  bool capturedActive_ = false;  // the captured forward drew a mask (training, p > 0)
 };
 
 }  // namespace cyxwiz::nn

@@ -27,6 +27,7 @@ from .._core.distributed import (  # noqa: F401
     DistStoreError,
     DistTimeoutError,
     ReduceOp,
+    TrainStep,
     Work,
     all_gather,
     all_reduce,

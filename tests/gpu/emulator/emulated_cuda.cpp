@@ -586,8 +586,8 @@ class EmulatedApi final : public Api {
         });
   }
 
-  Status dropoutForward(int dev, const float* x, float* y, float* mask, int64_t n, float keep,
-                        uint64_t seed) noexcept override {
+  Status dropoutForward(int dev, const float* x, float* y, float* mask, int64_t n, float keep, uint64_t seed,
+                        const uint64_t* seedOnDevice) noexcept override {
     const char* M = "dropoutForward";
     if (!(keep > 0.0f && keep <= 1.0f)) {
       return cat("dropoutForward on ", cudaDev(dev), ": keep probability ", keep, " is outside (0, 1]");
@@ -599,10 +599,12 @@ class EmulatedApi final : public Api {
         [=]() -> Status {
           EMU_TRY(deviceArg(M, dev, x, f32(n), "x"));
           EMU_TRY(deviceArg(M, dev, y, f32(n), "y"));
+          if (seedOnDevice) EMU_TRY(deviceArg(M, dev, seedOnDevice, sizeof(uint64_t), "seedOnDevice"));
           return deviceArg(M, dev, mask, f32(n), "mask");
         },
         [=]() -> Status {
-          emulated::dropoutForward(x, y, mask, n, keep, seed);
+          // Read when it runs (at replay for a captured call), as the kernel does.
+          emulated::dropoutForward(x, y, mask, n, keep, seedOnDevice ? *seedOnDevice : seed);
           return {};
         });
   }

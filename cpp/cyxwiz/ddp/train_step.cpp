@@ -1,0 +1,85 @@
+#include "cyxwiz/ddp/train_step.h"
+
+#include <cmath>
+
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
+#include "cyxwiz/ddp/graphed_step.h"
+
+namespace cyxwiz::ddp {
+
+void addBatchSums(const nn::Loss& loss, const Tensor& output, const Tensor& target, Tensor& sums) {
+  loss.addLossSum(output, target, sums, 0);
+  if (loss.takesClassIndices()) nn::addCorrectCount(output, target, sums, 1);
+}
+
+TrainStep::TrainStep(DistributedDataParallel& ddp, std::shared_ptr<nn::Loss> loss,
+                     std::shared_ptr<nn::Optimizer> optimizer, bool cudaGraphs, std::string who)
+    : ddp_(ddp),
+      loss_(std::move(loss)),
+      optimizer_(std::move(optimizer)),
+      who_(std::move(who)),
+      sums_(Tensor::zeros({2}, DType::Float64, ddp.model()->device())) {
+  if (!cudaGraphs) return;
+  const std::string why = GraphedStep::unsupportedReason(ddp_);
+  if (!why.empty()) {
+    logNotice(who_ + ": cuda_graphs=True is ignored because " + why + "; training without graphs");
+    return;
+  }
+  graph_ = std::make_unique<GraphedStep>(ddp_, *optimizer_, [this](const Tensor& x, const Tensor& y) { eager(x, y); });
+}
+
+TrainStep::~TrainStep() = default;
+
+void TrainStep::run(const Tensor& x, const Tensor& y) {
+  const nn::SequentialModel& model = *ddp_.model();
+  nn::requireMatrix(x, who_);
+  int64_t features = x.size(1);
+  try {
+    for (const auto& m : model.modules()) features = m->outFeatures(features);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(makeString(who_, ": the batch has ", x.size(1), " features per row, which this model does not ",
+                                     "take (", e.what(), ")"));
+  }
+  loss_->checkTarget({x.size(0), features}, y, who_);
+  if (graph_ && graph_->fits(x, y)) {
+    graph_->run(x, y);
+  } else {
+    if (graph_) graph_->finish();  // bounded, before copies that could wait on a stuck replay
+    eager(x.to(model.device()), y.to(model.device()));
+  }
+  rows_ += static_cast<double>(x.size(0));
+}
+
+void TrainStep::eager(const Tensor& x, const Tensor& y) {
+  Tensor out = ddp_.forward(x);
+  addBatchSums(*loss_, out, y, sums_);
+  ddp_.backward(loss_->gradient(out, y));
+  ddp_.updateParameters(*optimizer_);
+}
+
+std::vector<double> TrainStep::totals() {
+  if (graph_) graph_->finish();  // a replay stuck in a collective fails here, not in the copy below
+  const Tensor host = sums_.to(Device{});
+  return {host.data<double>()[0], host.data<double>()[1], rows_};
+}
+
+double TrainStep::meanLoss() {
+  const std::vector<double> t = totals();
+  return t[2] > 0 ? t[0] / t[2] : std::nan("");
+}
+
+double TrainStep::accuracy() {
+  const std::vector<double> t = totals();
+  return t[2] > 0 && loss_->takesClassIndices() ? t[1] / t[2] : std::nan("");
+}
+
+void TrainStep::reset() {
+  if (graph_) graph_->finish();  // the replays still adding to the sums
+  sums_.fill(0.0);
+  rows_ = 0;
+}
+
+int64_t TrainStep::replays() const { return graph_ ? graph_->replays() : 0; }
+
+}  // namespace cyxwiz::ddp
