@@ -16,6 +16,7 @@ Needs a usable GPU (skipped otherwise, with cx.cuda.unavailable_reason()).
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -64,14 +65,14 @@ D.finalize()
 '''
 
 
-def fit(tmp_path: Path, case: str, graphs: bool) -> tuple[dict, str]:
+def fit(tmp_path: Path, case: str, graphs: bool, **env) -> tuple[dict, str]:
     script = tmp_path / "fit.py"
     script.write_text(SCRIPT)
     out = tmp_path / f"{case}-{int(graphs)}.json"
     runner = Runner(tmp_path)
     try:
         _, stderr = runner.run([sys.executable, script, case, "1" if graphs else "0", out],
-                               clean_env(CYXWIZ_LOG_LEVEL="info"), timeout=120)
+                               clean_env(CYXWIZ_LOG_LEVEL="info", **env), timeout=120)
     finally:
         runner.cleanup()
     return json.loads(out.read_text()), stderr
@@ -107,6 +108,26 @@ def test_graphed_fit_with_dropout_draws_the_eager_masks(tmp_path):
         np.testing.assert_allclose(graphed[key], eager[key], rtol=1e-5, atol=1e-6, err_msg=key)
     for i, (g, e) in enumerate(zip(graphed["params"], eager["params"])):
         np.testing.assert_allclose(np.array(g), np.array(e), rtol=1e-5, atol=1e-6, err_msg=f"parameter {i}")
+
+
+EMULATOR = "emulat" in os.environ.get("CYXWIZ_CUDA_LIBRARY", "")
+
+
+@pytest.mark.skipif(not EMULATOR, reason="needs the tests' CUDA emulator (CYXWIZ_CUDA_LIBRARY), which can refuse a "
+                                         "capture on demand")
+def test_a_refused_capture_falls_back_to_eager_steps_with_a_warning(tmp_path):
+    """A runtime that refuses the captured graph (emulated: CYXWIZ_EMULATED_CAPTURE_FAIL=1) costs the
+    speed-up, not the training: a warning names the error and the fit equals the eager one (the
+    refused capture trained on nothing, so no batch is lost or trained twice)."""
+    eager, _ = fit(tmp_path, "ce", False)
+    fallback, log = fit(tmp_path, "ce", True, CYXWIZ_EMULATED_CAPTURE_FAIL=1)
+    assert "CUDA graph: the training step could not be captured (cudaGraphInstantiate" in log, log[-3000:]
+    assert "training without graphs" in log and "replayed" not in log
+    assert fallback["steps"] == eager["steps"] == 3 * 7
+    for key in ("train_loss", "train_acc", "val_loss"):
+        np.testing.assert_allclose(fallback[key], eager[key], rtol=1e-6, atol=1e-7, err_msg=key)
+    for i, (g, e) in enumerate(zip(fallback["params"], eager["params"])):
+        np.testing.assert_allclose(np.array(g), np.array(e), rtol=1e-6, atol=1e-7, err_msg=f"parameter {i}")
 
 
 STEP_SCRIPT = r'''

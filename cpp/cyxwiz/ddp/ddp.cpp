@@ -217,6 +217,13 @@ void DistributedDataParallel::updateParameters(nn::Optimizer& optimizer) {
   }
 }
 
+void DistributedDataParallel::discardCapturedWork() {
+  for (Bucket& b : buckets_->buckets()) {
+    b.work = nullptr;
+    b.stale = false;
+  }
+}
+
 void DistributedDataParallel::zeroGrad() {
   waitAll();
   for (Bucket& b : buckets_->buckets()) {

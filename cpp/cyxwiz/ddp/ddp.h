@@ -47,6 +47,9 @@ class DistributedDataParallel {
   void syncGradients();
   void updateParameters(nn::Optimizer& optimizer);
   void zeroGrad();
+  // Forgets the collectives of a CUDA graph capture that was abandoned: they never ran, so there is
+  // nothing to wait for (ddp/graphed_step.cpp).
+  void discardCapturedWork();
 
   // False inside no_sync(): backward only accumulates locally.
   void setRequireSync(bool require) { requireSync_ = require; }

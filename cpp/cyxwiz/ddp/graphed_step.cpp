@@ -49,21 +49,37 @@ GraphedStep::~GraphedStep() {
 }
 
 bool GraphedStep::fits(const Tensor& x, const Tensor& y) const {
+  if (failed_) return false;
   return !x_.defined() ||
          (x.shape() == x_.shape() && y.shape() == y_.shape() && x.dtype() == x_.dtype() && y.dtype() == y_.dtype());
 }
 
-void GraphedStep::run(const Tensor& x, const Tensor& y) {
+bool GraphedStep::run(const Tensor& x, const Tensor& y) {
+  CYX_CHECK(fits(x, y), "CUDA graph step: the batch shape changed; run batches of another shape eagerly");
   if (!x_.defined()) {
     // The eager warm-up: allocates the optimizer state and warms cuBLASLt's plans and NCCL, none of
     // which may happen inside a capture.
     step_(x.to(device_), y.to(device_));
     x_ = Tensor::empty(x.shape(), x.dtype(), device_);
     y_ = Tensor::empty(y.shape(), y.dtype(), device_);
-    return;
+    return true;
   }
-  CYX_CHECK(fits(x, y), "CUDA graph step: the batch shape changed; run batches of another shape eagerly");
-  if (!exec_) capture();
+  if (!exec_) {
+    try {
+      capture();
+    } catch (const Interrupted&) {
+      throw;
+    } catch (const DistError&) {
+      throw;  // the communicator failed: eager steps would fail the same way
+    } catch (const Error& e) {
+      // A CUDA runtime, cuBLAS or NCCL version that refuses something in the capture. The captured
+      // step did not run (a capture only records), so nothing was trained twice or lost.
+      logWarning(makeString("CUDA graph: the training step could not be captured (", e.what(),
+                            "); training without graphs"));
+      failed_ = true;
+      return false;
+    }
+  }
   // The last replay first, bounded: a hung collective surfaces here within the timeout, and the copies
   // below (which may wait for the stream while staging pageable memory) never wait on a stuck graph.
   finish();
@@ -77,6 +93,7 @@ void GraphedStep::run(const Tensor& x, const Tensor& y) {
   device::check(device::cudaApi().recordComputeEvent(device_.index, &event));
   pending_.reset(event, [](void* e) { device::cudaApi().eventRelease(e); });
   ++replays_;
+  return true;
 }
 
 void GraphedStep::capture() {
@@ -91,8 +108,8 @@ void GraphedStep::capture() {
     for (nn::DropoutModule* d : dropouts_) d->setCapturing(on);
     if (nccl_) nccl_->setCapturing(on);
   };
-  capturing(true);
   device::check(api.graphBeginCapture(device_.index));
+  capturing(true);
   try {
     step_(x_, y_);
     ddp_.model()->releaseCaches();  // frees, inside the capture, what the step allocated
@@ -101,6 +118,8 @@ void GraphedStep::capture() {
     api.graphEndCapture(device_.index, &discarded);  // ends the capture; its status adds nothing
     if (discarded) api.graphDestroy(discarded);
     capturing(false);
+    ddp_.discardCapturedWork();
+    ddp_.model()->releaseCaches();
     throw;
   }
   capturing(false);

@@ -45,8 +45,10 @@ class GraphedStep {
 
   // One step on a host (or device) batch. The first call runs it eagerly and fixes the batch shape;
   // the second captures the step and replays it; later calls replay it. Batches of another shape
-  // (a last, shorter batch) must be run eagerly by the caller: fits() says which.
-  void run(const Tensor& x, const Tensor& y);
+  // (a last, shorter batch) must be run eagerly by the caller: fits() says which. When the CUDA
+  // runtime refuses the capture, a warning says why, run() returns false without having trained on
+  // the batch, and fits() is false from then on: the caller trains eagerly.
+  bool run(const Tensor& x, const Tensor& y);
   bool fits(const Tensor& x, const Tensor& y) const;
   // Waits for the last replay (bounded by DISTRIBUTED_TIMEOUT_MS with NCCL); call before reading
   // anything the step wrote on the host.
@@ -55,6 +57,7 @@ class GraphedStep {
 
  private:
   void capture();
+  bool failed_ = false;  // the capture was refused: no graph, eager steps
 
   DistributedDataParallel& ddp_;
   nn::Optimizer& optimizer_;

@@ -42,9 +42,7 @@ void TrainStep::run(const Tensor& x, const Tensor& y) {
                                      "take (", e.what(), ")"));
   }
   loss_->checkTarget({x.size(0), features}, y, who_);
-  if (graph_ && graph_->fits(x, y)) {
-    graph_->run(x, y);
-  } else {
+  if (!(graph_ && graph_->fits(x, y) && graph_->run(x, y))) {
     if (graph_) graph_->finish();  // bounded, before copies that could wait on a stuck replay
     eager(x.to(model.device()), y.to(model.device()));
   }

@@ -23,7 +23,9 @@
 // Environment: CYXWIZ_EMULATED_GPUS (device count, default 1, read once when the library is first
 // used); CYXWIZ_EMULATED_NCCL_HANG=1 (read each time a collective runs, a replayed one included: the
 // collective never completes until its communicator is aborted or destroyed, for the engine's
-// timeout/abort path).
+// timeout/abort path); CYXWIZ_EMULATED_CAPTURE_FAIL=1 (read at each graphEndCapture: instantiating
+// the graph fails, as on a runtime that refuses something in it, for the engine's fallback to eager
+// steps).
 //
 // Build, from the repository root (nothing but the C++ standard library):
 //   g++ -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Icpp
@@ -813,6 +815,10 @@ class EmulatedApi final : public Api {
                  " is not capturing a graph)");
     }
     Status why = captureFault(dev, *c);
+    const char* refuse = std::getenv("CYXWIZ_EMULATED_CAPTURE_FAIL");
+    if (why.empty() && refuse && std::strcmp(refuse, "1") == 0) {
+      why = cat(cudaError("cudaGraphInstantiate", dev, kInvalidValue), " (emulator: CYXWIZ_EMULATED_CAPTURE_FAIL=1)");
+    }
     Graph* g = why.empty() ? new (std::nothrow) Graph : nullptr;
     if (why.empty() && !g) why = cudaError("cudaGraphInstantiate", dev, kOutOfMemory);
     if (!why.empty()) {
