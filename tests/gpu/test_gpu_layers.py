@@ -375,6 +375,29 @@ def test_optimizer_steps_on_the_gpu_match_the_cpu(name):
     assert gpu.device == "cuda:0"
 
 
+def deep_mlp():
+    """15 linear layers, 30 parameters: more than one fused optimizer launch takes (24), and a bias-free
+    layer among them."""
+    m = cx.SequentialModel()
+    m.add(cx.LinearModule(20, 12))
+    for i in range(13):
+        m.add(cx.TanhModule())
+        m.add(cx.LinearModule(12, 12, bias=i != 6))
+    m.add(cx.TanhModule())
+    m.add(cx.LinearModule(12, 5))
+    return m
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adamw"])
+def test_fused_optimizer_steps_over_more_parameters_than_one_launch_takes(name):
+    cpu, gpu = twins(deep_mlp, seed=5)
+    assert len(gpu.parameters()) == 29
+    run_steps(cpu, OPTIMIZERS[name](), steps=3)
+    run_steps(gpu, OPTIMIZERS[name](), steps=3)
+    for i, (p, q) in enumerate(zip(cpu.parameters(), gpu.parameters())):
+        np.testing.assert_allclose(q, p, rtol=0, atol=1e-5, err_msg=f"{name}: parameter {i} after 3 steps")
+
+
 # ---- TF32 -----------------------------------------------------------------------------------------
 
 def test_tf32_is_off_by_default_and_stays_close_when_on():

@@ -19,7 +19,7 @@
 namespace cyxwiz::cuda {
 
 // Bumped on any change below; _core refuses a library of another version.
-constexpr int kApiVersion = 5;
+constexpr int kApiVersion = 6;
 
 using Status = std::string;  // empty: success
 
@@ -29,6 +29,16 @@ enum class Activation : int { ReLU = 0, GELU = 1, Sigmoid = 2, Tanh = 3 };
 enum class ElemType : int { Float32 = 0, Float64 = 1, Int32 = 2, Int64 = 3 };
 enum class ReduceKind : int { Sum = 0, Avg = 1, Max = 2, Min = 3, Product = 4 };
 enum class CollectiveKind : int { AllReduce = 0, Broadcast = 1, AllGather = 2, ReduceScatter = 3 };
+
+// One parameter of a fused optimizer step: its values, gradient and state buffers, n elements each.
+// SGD: m is the momentum buffer (null without momentum), v unused. Adam: m and v are the moments.
+struct OptimizerTensor {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+};
 
 struct DeviceProperties {
   std::string name;
@@ -117,18 +127,17 @@ class Api {
   virtual Status linearForward(int dev, const float* x, const float* w, const float* bias, float* y, int64_t rows,
                                int64_t in, int64_t out, bool relu) noexcept = 0;
 
-  // ---- fused optimizers over one flat buffer (formulas as nn/sgd.cpp and nn/adam.cpp) ----
+  // ---- fused optimizers, all `count` parameters in one launch (formulas as nn/sgd.cpp, nn/adam.cpp) ----
   // The per-step scalars come either as arguments or, when `scalars` is not null, from device memory
   // on dev, read by the kernel when it runs: a captured graph replays its kernels with the arguments
   // of the capture, so a graphed step keeps what changes between steps in memory it rewrites before
   // each replay. sgd: scalars = {lr}. adam: scalars = {stepSize, invSqrtBc2, decay}.
-  // buf null: p -= lr (g + wd p). Else buf = mu buf + (g + wd p); p -= lr (nesterov ? g' + mu buf : buf).
-  virtual Status sgdStep(int dev, float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
+  // m null: p -= lr (g + wd p). Else m = mu m + (g + wd p); p -= lr (nesterov ? g' + mu m : m).
+  virtual Status sgdStep(int dev, const OptimizerTensor* tensors, int count, float lr, float momentum,
                          float weightDecay, bool nesterov, const float* scalars) noexcept = 0;
   // g' = g + l2 p; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2; p = p decay - stepSize m / (sqrt(v) invSqrtBc2 + eps).
-  virtual Status adamStep(int dev, float* p, const float* g, float* m, float* v, int64_t n, float stepSize, float b1,
-                          float b2, float eps, float invSqrtBc2, float l2, float decay,
-                          const float* scalars) noexcept = 0;
+  virtual Status adamStep(int dev, const OptimizerTensor* tensors, int count, float stepSize, float b1, float b2,
+                          float eps, float invSqrtBc2, float l2, float decay, const float* scalars) noexcept = 0;
 
   // ---- CUDA graphs of the compute stream ----
   // Between begin and end, dev's compute stream (and the communication stream, once it waits for

@@ -54,10 +54,10 @@ class ApiImpl final : public Api {
   Status linearForward(int dev, const float* x, const float* w, const float* bias, float* y, int64_t rows, int64_t in,
                        int64_t out, bool relu) noexcept override;
 
-  Status sgdStep(int dev, float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
-                 float weightDecay, bool nesterov, const float* scalars) noexcept override;
-  Status adamStep(int dev, float* p, const float* g, float* m, float* v, int64_t n, float stepSize, float b1,
-                  float b2, float eps, float invSqrtBc2, float l2, float decay, const float* scalars) noexcept override;
+  Status sgdStep(int dev, const OptimizerTensor* tensors, int count, float lr, float momentum, float weightDecay,
+                 bool nesterov, const float* scalars) noexcept override;
+  Status adamStep(int dev, const OptimizerTensor* tensors, int count, float stepSize, float b1, float b2, float eps,
+                  float invSqrtBc2, float l2, float decay, const float* scalars) noexcept override;
 
   Status graphBeginCapture(int dev) noexcept override;
   Status graphEndCapture(int dev, void** graphExec) noexcept override;

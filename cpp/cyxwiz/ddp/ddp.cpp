@@ -212,7 +212,7 @@ void DistributedDataParallel::updateParameters(nn::Optimizer& optimizer) {
   optimizer.beginStep(params);
   for (Bucket& b : buckets_->buckets()) {
     if (b.work) std::exchange(b.work, nullptr)->wait();
-    for (size_t i : b.params) optimizer.updateParameter(i, *params[i]);
+    optimizer.updateParameters(b.params, params);  // one fused launch per bucket on a GPU
     b.storage.fill(0.0);
   }
 }

@@ -57,17 +57,17 @@ std::vector<float> AdamOptimizer::stepScalars() const {
   return {static_cast<float>(lr_ / bc1), static_cast<float>(1.0 / std::sqrt(bc2)), decay};  // stepSize, invSqrtBc2, decay
 }
 
+void AdamOptimizer::updateOnDevice(const Device& device, const std::vector<cuda::OptimizerTensor>& tensors) {
+  const std::vector<float> k = stepScalars();
+  const float l2 = decoupled_ ? 0.0f : static_cast<float>(weightDecay_);
+  CYX_CUDA(adamStep(device.index, tensors.data(), static_cast<int>(tensors.size()), k[0], static_cast<float>(beta1_),
+                    static_cast<float>(beta2_), static_cast<float>(eps_), k[1], l2, k[2], graphScalars()));
+}
+
 void AdamOptimizer::update(Parameter& param, std::vector<Tensor>& slots) {
   const std::vector<float> k = stepScalars();
   const float stepSize = k[0], invSqrtBc2 = k[1], decay = k[2];
   const float l2 = decoupled_ ? 0.0f : static_cast<float>(weightDecay_);
-  if (param.value.isCuda()) {
-    CYX_CUDA(adamStep(param.value.device().index, param.value.deviceData<float>(), param.grad.deviceData<float>(),
-                      slots[0].deviceData<float>(), slots[1].deviceData<float>(), param.value.numel(), stepSize,
-                      static_cast<float>(beta1_), static_cast<float>(beta2_), static_cast<float>(eps_), invSqrtBc2, l2,
-                      decay, graphScalars()));
-    return;
-  }
   adamKernel(param.value.data<float>(), param.grad.data<float>(), slots[0].data<float>(), slots[1].data<float>(),
              param.value.numel(), stepSize, static_cast<float>(beta1_), static_cast<float>(beta2_),
              static_cast<float>(eps_), invSqrtBc2, l2, decay);

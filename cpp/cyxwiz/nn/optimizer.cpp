@@ -44,7 +44,9 @@ void Optimizer::step(SequentialModel& model) {
   model.guardGradients(SequentialModel::GradientUse::Step);
   std::vector<Parameter*> params = model.parameters();
   beginStep(params);
-  for (size_t i = 0; i < params.size(); ++i) updateParameter(i, *params[i]);
+  std::vector<size_t> all(params.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  updateParameters(all, params);
 }
 
 void Optimizer::beginStep(const std::vector<Parameter*>& params) {
@@ -71,9 +73,25 @@ void Optimizer::prepareReplay(const std::vector<Parameter*>& params) {
   graphScalars_.copyFrom(host);  // stream-ordered: lands before the replay queued after it
 }
 
-void Optimizer::updateParameter(size_t index, Parameter& param) {
+void Optimizer::updateParameters(const std::vector<size_t>& indices, const std::vector<Parameter*>& params) {
+  std::vector<cuda::OptimizerTensor> gpu;
+  Device device;
   std::vector<Tensor> none;
-  update(param, slots_.empty() ? none : slots_.at(index));
+  for (size_t i : indices) {
+    Parameter& p = *params.at(i);
+    std::vector<Tensor>& slots = slots_.empty() ? none : slots_.at(i);
+    if (!p.value.isCuda()) {
+      update(p, slots);
+      continue;
+    }
+    CYX_CHECK(gpu.empty() || p.value.device() == device, typeName(), ".step: the parameters are on ", device.str(),
+              " and ", p.value.device().str(), "; keep a model on one device");
+    device = p.value.device();
+    gpu.push_back({p.value.deviceData<float>(), p.grad.deviceData<float>(),
+                   slots.size() > 0 ? slots[0].deviceData<float>() : nullptr,
+                   slots.size() > 1 ? slots[1].deviceData<float>() : nullptr, p.value.numel()});
+  }
+  if (!gpu.empty()) updateOnDevice(device, gpu);
 }
 
 void Optimizer::zeroGrad(SequentialModel& model) { model.zeroGrad(); }

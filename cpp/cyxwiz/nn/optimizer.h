@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cyxwiz/cuda/api.h"
 #include "cyxwiz/nn/module.h"
 
 namespace cyxwiz::nn {
@@ -28,9 +29,10 @@ class Optimizer {
 
   void step(SequentialModel& model);
   // step() in two halves, so DDP can update a bucket's parameters as soon as its all-reduce lands:
-  // beginStep once per step, then updateParameter once for every index of `params`.
+  // beginStep once per step, then updateParameters for groups of indices of `params` that together
+  // name each parameter once. A group on a GPU is one fused kernel launch.
   void beginStep(const std::vector<Parameter*>& params);
-  void updateParameter(size_t index, Parameter& param);
+  void updateParameters(const std::vector<size_t>& indices, const std::vector<Parameter*>& params);
   void zeroGrad(SequentialModel& model);
   double learningRate() const { return lr_; }
   void setLearningRate(double lr);
@@ -56,6 +58,8 @@ class Optimizer {
   virtual std::vector<std::string> slotNames() const = 0;
   // Updates one parameter; `slots` holds the buffers named by slotNames(). steps_ is already incremented.
   virtual void update(Parameter& param, std::vector<Tensor>& slots) = 0;
+  // The same for parameters on one GPU, all in one call; slots[k] belongs to params[k].
+  virtual void updateOnDevice(const Device& device, const std::vector<cuda::OptimizerTensor>& tensors) = 0;
   virtual void hyperParameters(std::map<std::string, double>& out) const = 0;
   // The scalars of step steps_ as the GPU kernel reads them from device memory (api.h: sgdStep,
   // adamStep).

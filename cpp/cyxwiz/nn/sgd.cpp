@@ -28,13 +28,12 @@ void SGDOptimizer::hyperParameters(std::map<std::string, double>& out) const {
   out["nesterov"] = nesterov_;
 }
 
+void SGDOptimizer::updateOnDevice(const Device& device, const std::vector<cuda::OptimizerTensor>& tensors) {
+  CYX_CUDA(sgdStep(device.index, tensors.data(), static_cast<int>(tensors.size()), static_cast<float>(lr_),
+                   static_cast<float>(momentum_), static_cast<float>(weightDecay_), nesterov_, graphScalars()));
+}
+
 void SGDOptimizer::update(Parameter& param, std::vector<Tensor>& slots) {
-  if (param.value.isCuda()) {
-    CYX_CUDA(sgdStep(param.value.device().index, param.value.deviceData<float>(), param.grad.deviceData<float>(),
-                     slots.empty() ? nullptr : slots[0].deviceData<float>(), param.value.numel(), static_cast<float>(lr_),
-                     static_cast<float>(momentum_), static_cast<float>(weightDecay_), nesterov_, graphScalars()));
-    return;
-  }
   float* p = param.value.data<float>();
   const float* grad = param.grad.data<float>();
   const int64_t n = param.value.numel();

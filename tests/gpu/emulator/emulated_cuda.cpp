@@ -737,47 +737,48 @@ class EmulatedApi final : public Api {
   // With `scalars`, the per-step values are read from device memory when the step runs: at each
   // replay of a captured step, what the engine wrote there before the launch (api.h).
 
-  Status sgdStep(int dev, float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
-                 float weightDecay, bool nesterov, const float* scalars) noexcept override {
+  Status sgdStep(int dev, const OptimizerTensor* tensors, int count, float lr, float momentum, float weightDecay,
+                 bool nesterov, const float* scalars) noexcept override {
     const char* M = "sgdStep";
     EMU_TRY(useDevice(dev));
-    if (n <= 0) return {};
+    EMU_TRY(tensorList(M, tensors, count));
+    if (count == 0) return {};
+    const std::vector<OptimizerTensor> list(tensors, tensors + count);  // the caller's array may go
     return run(
         dev, M,
         [=]() -> Status {
-          EMU_TRY(deviceArg(M, dev, p, f32(n), "p"));
-          EMU_TRY(deviceArg(M, dev, g, f32(n), "g"));
-          if (buf) EMU_TRY(deviceArg(M, dev, buf, f32(n), "buf"));
+          for (const OptimizerTensor& t : list) EMU_TRY(optimizerTensor(M, dev, t, t.m != nullptr, false));
           if (scalars) EMU_TRY(deviceArg(M, dev, scalars, f32(1), "scalars"));  // {lr}
           return {};
         },
         [=]() -> Status {
-          emulated::sgdStep(p, g, buf, n, scalars ? scalars[0] : lr, momentum, weightDecay, nesterov);
+          const float rate = scalars ? scalars[0] : lr;
+          for (const OptimizerTensor& t : list) emulated::sgdStep(t.p, t.g, t.m, t.n, rate, momentum, weightDecay, nesterov);
           return {};
         });
   }
 
-  Status adamStep(int dev, float* p, const float* g, float* m, float* v, int64_t n, float stepSize, float b1,
-                  float b2, float eps, float invSqrtBc2, float l2, float decay,
-                  const float* scalars) noexcept override {
+  Status adamStep(int dev, const OptimizerTensor* tensors, int count, float stepSize, float b1, float b2, float eps,
+                  float invSqrtBc2, float l2, float decay, const float* scalars) noexcept override {
     const char* M = "adamStep";
     EMU_TRY(useDevice(dev));
-    if (n <= 0) return {};
+    EMU_TRY(tensorList(M, tensors, count));
+    if (count == 0) return {};
+    const std::vector<OptimizerTensor> list(tensors, tensors + count);
     return run(
         dev, M,
         [=]() -> Status {
-          EMU_TRY(deviceArg(M, dev, p, f32(n), "p"));
-          EMU_TRY(deviceArg(M, dev, g, f32(n), "g"));
-          EMU_TRY(deviceArg(M, dev, m, f32(n), "m"));
-          EMU_TRY(deviceArg(M, dev, v, f32(n), "v"));
+          for (const OptimizerTensor& t : list) EMU_TRY(optimizerTensor(M, dev, t, true, true));
           if (scalars) EMU_TRY(deviceArg(M, dev, scalars, f32(3), "scalars"));  // {stepSize, invSqrtBc2, decay}
           return {};
         },
         [=]() -> Status {
-          if (scalars) {
-            emulated::adamStep(p, g, m, v, n, scalars[0], b1, b2, eps, scalars[1], l2, scalars[2]);
-          } else {
-            emulated::adamStep(p, g, m, v, n, stepSize, b1, b2, eps, invSqrtBc2, l2, decay);
+          for (const OptimizerTensor& t : list) {
+            if (scalars) {
+              emulated::adamStep(t.p, t.g, t.m, t.v, t.n, scalars[0], b1, b2, eps, scalars[1], l2, scalars[2]);
+            } else {
+              emulated::adamStep(t.p, t.g, t.m, t.v, t.n, stepSize, b1, b2, eps, invSqrtBc2, l2, decay);
+            }
           }
           return {};
         });
@@ -1409,6 +1410,22 @@ class EmulatedApi final : public Api {
   }
 
   // A host argument must not be device memory (the engine would hand out a device address).
+  static Status tensorList(const char* who, const OptimizerTensor* tensors, int count) {
+    if (count < 0 || (count > 0 && !tensors)) return cat("emulator: ", who, ": ", count, " tensors at a null array");
+    return {};
+  }
+
+  // One parameter of a fused optimizer step: p, g (and m, v when used) device memory of n floats.
+  Status optimizerTensor(const char* who, int dev, const OptimizerTensor& t, bool usesM, bool usesV) const {
+    if (t.n < 0) return cat("emulator: ", who, ": a tensor of ", t.n, " elements");
+    if (t.n == 0) return {};
+    EMU_TRY(deviceArg(who, dev, t.p, f32(t.n), "p"));
+    EMU_TRY(deviceArg(who, dev, t.g, f32(t.n), "g"));
+    if (usesM) EMU_TRY(deviceArg(who, dev, t.m, f32(t.n), "m"));
+    if (usesV) EMU_TRY(deviceArg(who, dev, t.v, f32(t.n), "v"));
+    return {};
+  }
+
   Status hostArg(const char* who, const void* ptr, const char* name) const {
     if (!ptr) return cat("emulator: ", who, " got a null pointer as host argument ", name);
     Found f;
