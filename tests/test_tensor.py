@@ -650,3 +650,60 @@ def test_tensor_exports_the_buffer_protocol_without_copying(dtype):
     assert np.shares_memory(a, b)
     a[1, 2] = 99
     assert b[1, 2] == 99
+
+
+# ---------------------------------------------------------------------------------------- DLPack
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_dlpack_export_shares_memory_with_numpy_and_torch(dtype):
+    a = np.arange(24, dtype=dtype).reshape(2, 3, 4)
+    t = cx.Tensor(a)
+    assert t.__dlpack_device__() == (1, 0)
+    n = np.from_dlpack(t)
+    assert n.dtype == a.dtype and n.shape == a.shape and np.shares_memory(n, a)
+    a[1, 2, 3] = 99
+    assert n[1, 2, 3] == 99, "numpy.from_dlpack made a copy"
+    torch = pytest.importorskip("torch")
+    tt = torch.from_dlpack(t)
+    assert tt.data_ptr() == a.ctypes.data and tuple(tt.shape) == a.shape
+    del t, n
+    assert tt[1, 2, 3].item() == 99, "the exported memory must outlive the cx.Tensor"
+
+
+def test_dlpack_export_copy_and_device_requests():
+    a = np.ones((2, 2), np.float32)
+    copied = np.from_dlpack(cx.Tensor(a), copy=True)
+    assert not np.shares_memory(copied, a) and np.array_equal(copied, a)
+    with pytest.raises(BufferError, match="is on cpu and is not copied to another device"):
+        cx.Tensor(a).__dlpack__(dl_device=(2, 0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_from_dlpack_wraps_numpy_without_a_copy(dtype):
+    a = np.arange(6, dtype=dtype).reshape(2, 3)
+    t = cx.from_dlpack(a)
+    assert isinstance(t, cx.Tensor) and t.shape == (2, 3) and t.dtype == np.dtype(dtype).name and t.device == "cpu"
+    assert np.shares_memory(np.asarray(t), a)
+
+
+def test_from_dlpack_of_torch_outlives_the_producer_and_feeds_a_model():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    expected = x.numpy().copy()
+    t = cx.from_dlpack(x)
+    del x
+    np.testing.assert_array_equal(np.asarray(t), expected)
+    cx.manual_seed(0)
+    model = cx.SequentialModel()
+    model.add(cx.LinearModule(4, 3))
+    np.testing.assert_allclose(model.forward(t), model.forward(expected), rtol=0, atol=0)
+
+
+def test_from_dlpack_refuses_what_it_cannot_wrap():
+    with pytest.raises(TypeError, match=r"from_dlpack: expected an object with __dlpack__"):
+        cx.from_dlpack([1.0, 2.0])
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"DLPack dtype \(code 2, 16 bits\) is not supported; use float32"):
+        cx.from_dlpack(torch.zeros(3, dtype=torch.float16))
+    with pytest.raises(ValueError, match="not C-contiguous; pass a contiguous copy"):
+        cx.from_dlpack(torch.zeros(3, 4).t())

@@ -8,6 +8,7 @@
 #include "cyxwiz/tensor/blas.h"
 #include "cyxwiz/tensor/random.h"
 #include "cyxwiz/tensor/tensor.h"
+#include "dlpack.h"
 #include "numpy_convert.h"
 
 namespace py = pybind11;
@@ -66,12 +67,30 @@ converted once); ``numpy.asarray(t)``, ``memoryview(t)`` and ``t.numpy()`` are v
         d["stream"] = py::none();
         return d;
       })
+      .def("__dlpack__", [](const Tensor& t, py::object stream, py::object maxVersion, py::object dlDevice,
+                            py::object copy) {
+        // stream: the consumer's; pycyxwiz waits for its own kernels instead (toDLPack). max_version:
+        // the unversioned capsule is what every consumer of the array API standard still accepts.
+        (void)stream;
+        (void)maxVersion;
+        if (!dlDevice.is_none() && !dlDevice.cast<py::tuple>().equal(cyxwiz::bindings::dlpackDevice(t))) {
+          throw py::buffer_error("__dlpack__: this tensor is on " + t.device().str() +
+                                 " and is not copied to another device; move it with t.to(...) first");
+        }
+        const bool copied = !copy.is_none() && copy.cast<bool>();
+        return cyxwiz::bindings::toDLPack(copied ? t.clone() : t);
+      }, py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
+         py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
+         "DLPack export (numpy.from_dlpack, torch.from_dlpack, ...): the same memory, no copy.")
+      .def("__dlpack_device__", &cyxwiz::bindings::dlpackDevice)
       .def("__len__", [](const Tensor& t) { return t.dim() ? t.size(0) : 0; })
       .def("__repr__", [](const Tensor& t) {
         return "Tensor(shape=" + cyxwiz::shapeString(t.shape()) + ", dtype=" + cyxwiz::dtypeName(t.dtype()) +
                ", device=" + t.device().str() + ")";
       });
 
+  m.def("from_dlpack", [](py::handle obj) { return cyxwiz::bindings::fromDLPack(obj, "from_dlpack"); }, py::arg("x"),
+        "A cx.Tensor over the memory of any DLPack producer (numpy, torch, CuPy, JAX), host or GPU, without a copy.");
   m.def("manual_seed", [](uint64_t seed) { cyxwiz::manualSeed(seed); }, py::arg("seed"),
         "Seed the engine's random stream (weight initialisation, dropout masks).");
   m.def("get_rng_state", []() { return py::bytes(cyxwiz::generatorState()); },

@@ -37,6 +37,7 @@ from ._core import (  # noqa: F401
     accuracy,
     build_info,
     cuda,
+    from_dlpack,
     get_num_threads,
     get_rng_state,
     manual_seed,

@@ -131,3 +131,18 @@ def test_foreign_gpu_arrays_are_read_in_place_after_their_stream(stream):
     loss = cx.CrossEntropyLoss()
     assert loss.forward(out, _Producer(target, stream)) == pytest.approx(loss.forward(expected, np.array([0, 1, 2, 0, 1])),
                                                                          rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_dlpack_round_trip_of_a_gpu_tensor_shares_its_memory(dtype):
+    """A GPU cx.Tensor through __dlpack__ / cx.from_dlpack: the same device memory (no copy), the
+    device reported as (kDLCUDA, 0), and the memory kept alive by the capsule's owner."""
+    a = np.arange(12, dtype=dtype).reshape(3, 4)
+    g = cx.Tensor(a).to("cuda:0")
+    assert g.__dlpack_device__() == (2, 0)
+    h = cx.from_dlpack(g)
+    assert h.is_cuda and h.device == "cuda:0" and h.shape == (3, 4) and h.dtype == np.dtype(dtype).name
+    assert h.__cuda_array_interface__["data"][0] == g.__cuda_array_interface__["data"][0], "from_dlpack copied"
+    np.testing.assert_array_equal(h.numpy(), a)
+    del g
+    np.testing.assert_array_equal(h.numpy(), a)  # the capsule's owner keeps the memory alive
