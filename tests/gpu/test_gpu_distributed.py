@@ -33,6 +33,7 @@ GPU_COLLECTIVES = COLLECTIVES_PRELUDE + r'''
 import warnings
 
 BACKEND = os.environ["DISTRIBUTED_BACKEND"]
+NAN_WINS = BACKEND != "nccl"  # NCCL's float MAX/MIN are fmaxf/fminf: a NaN loses to a number
 dist.init()
 expect(dist.get_backend() == BACKEND, f"backend {dist.get_backend()}, expected {BACKEND}")
 DEV = f"cuda:{dist.get_local_rank()}" if BACKEND == "nccl" else "cuda:0"

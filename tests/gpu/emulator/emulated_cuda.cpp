@@ -1,9 +1,9 @@
 // TEST DOUBLE, NOT GPU SUPPORT. A host-memory emulation of the ABI of libcyxwiz_cuda.so
 // (cyxwiz/cuda/api.h), loaded by the engine through CYXWIZ_CUDA_LIBRARY so that its GPU plumbing
 // (device tensors, model.to, the GPU branches of layers/losses/optimizers, DDP device buckets, the
-// NCCL backend at world size 1, pinned staging, CUDA graph capture) runs in CI on machines without a
-// GPU. It says nothing about the real CUDA kernels, cuBLAS or NCCL; never ship it or present it as
-// GPU support.
+// NCCL backend with one rank or with rank processes of one machine, pinned staging, CUDA graph
+// capture, collectives in a graph) runs in CI on machines without a GPU. It says nothing about the
+// real CUDA kernels, cuBLAS or NCCL; never ship it or present it as GPU support.
 //
 // Its point is to be stricter than a GPU where the engine can go wrong unnoticed:
 //   - "device memory" is host memory in an allocation registry; every device pointer argument must lie,
@@ -16,24 +16,25 @@
 //   - copies must match their CopyKind; events and communicators are checked against live handles;
 //   - graph capture records each stream-ordered call (checked at once, and again at each replay) and
 //     refuses what CUDA refuses in a capture (host copies, synchronize, queries of captured events...).
-// The arithmetic (emulated_kernels.cpp) follows the CUDA kernels of cyxwiz/cuda/*.cu. Everything
-// runs synchronously on the calling thread; a captured call runs at each graphLaunch instead. See
-// README.md beside this file.
+// The arithmetic (emulated_kernels.cpp) follows the CUDA kernels of cyxwiz/cuda/*.cu; collectives
+// between processes go through shared memory (emulated_nccl.cpp). Everything runs synchronously on the
+// calling thread; a captured call runs at each graphLaunch instead. See README.md beside this file.
 //
 // Environment: CYXWIZ_EMULATED_GPUS (device count, default 1, read once when the library is first
 // used); CYXWIZ_EMULATED_NCCL_HANG=1 (read each time a collective runs, a replayed one included: the
 // collective never completes until its communicator is aborted or destroyed, for the engine's
 // timeout/abort path); CYXWIZ_EMULATED_CAPTURE_FAIL=1 (read at each graphEndCapture: instantiating
 // the graph fails, as on a runtime that refuses something in it, for the engine's fallback to eager
-// steps).
+// steps); DISTRIBUTED_TIMEOUT_MS (the engine's, read at each ncclInit of several ranks, 30 s when
+// unset: how long a collective waits for its peers before it hangs).
 //
 // Build, from the repository root (nothing but the C++ standard library):
 //   g++ -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Icpp
 //       tests/gpu/emulator/*.cpp -o OUT/libcyxwiz_cuda_emulated.so
-// Only cyxwiz_cuda_api is exported: the messages are built with cat() below rather than std::to_string
-// and std::string's operator+, no type here is a std:: template over std:: types only (no
-// std::function<Status()>, std::shared_ptr, std::vector<char*>), and the mutex is pthread's rather than
-// std::mutex, because libstdc++ gives such inline functions default visibility despite
+// Only cyxwiz_cuda_api is exported: the messages are built with cat() (emulated_text.h) rather than
+// std::to_string and std::string's operator+, no type here is a std:: template over std:: types only
+// (no std::function<Status()>, std::shared_ptr, std::vector<char*>), and the mutex is pthread's rather
+// than std::mutex, because libstdc++ gives such inline functions default visibility despite
 // -fvisibility=hidden whenever GCC does not inline them (at -O0 some still show up as weak symbols:
 // harmless under RTLD_LOCAL). Check with nm -D --defined-only after a change.
 #include <pthread.h>
@@ -57,6 +58,8 @@
 
 #include "cyxwiz/cuda/api.h"
 #include "emulated_kernels.h"
+#include "emulated_nccl.h"
+#include "emulated_text.h"
 
 namespace cyxwiz::cuda {
 
@@ -65,35 +68,11 @@ namespace {
 constexpr int kMaxDevices = 64;           // as state.cpp
 constexpr size_t kDeviceAlignment = 256;  // as cudaMalloc
 constexpr size_t kHostAlignment = 64;
-constexpr size_t kNcclUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
-constexpr char kUniqueIdTag[] = "pycyxwiz-emulated-nccl-id:";
+using emulated::kNcclUniqueIdBytes;
 
 // ---- messages ----
 
-void put(std::string& s, const char* p) { s.append(p); }
-void put(std::string& s, const std::string& p) { s.append(p); }
-template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
-void put(std::string& s, T v) {
-  char b[32];
-  if constexpr (std::is_signed_v<T>) {
-    std::snprintf(b, sizeof b, "%lld", static_cast<long long>(v));
-  } else {
-    std::snprintf(b, sizeof b, "%llu", static_cast<unsigned long long>(v));
-  }
-  s.append(b);
-}
-void put(std::string& s, float v) {  // as std::to_string(float) in the real messages
-  char b[64];
-  std::snprintf(b, sizeof b, "%f", static_cast<double>(v));
-  s.append(b);
-}
-
-template <class... T>
-std::string cat(const T&... parts) {
-  std::string s;
-  (put(s, parts), ...);
-  return s;
-}
+using emulated::cat;  // emulated_text.h
 
 std::string cudaDev(int dev) { return cat("cuda:", dev); }
 
@@ -172,12 +151,17 @@ struct Comm {
   int nranks = 0;
   int rank = 0;
   bool aborted = false;
+  // nranks > 1: the shared-memory transport (emulated_nccl.h); null once aborted and idle.
+  std::unique_ptr<emulated::SharedComm> shared;
+  Status error;           // the asynchronous error ncclState reports (a peer gone, mismatched collectives)
+  int busy = 0;           // collectives exchanging in some thread right now (outside the lock)
+  bool destroyed = false;  // ncclDestroy came while busy: the last exchange deletes it
 };
 
 enum class Stream { Compute, Comm };
 
-// A point on a stream: the communicator whose hung collective (CYXWIZ_EMULATED_NCCL_HANG) the point
-// waits behind, 0 when none.
+// A point on a stream: the communicator whose hung collective (CYXWIZ_EMULATED_NCCL_HANG, peers that
+// did not come, a failed communicator) the point waits behind, 0 when none.
 struct Mark {
   uint64_t blockedBy = 0;
 };
@@ -455,8 +439,8 @@ class EmulatedApi final : public Api {
     Lock lock(mutex_);
     if (liveBlock(computeBlocked_[dev])) {
       return cat("emulator: synchronize on ", cudaDev(dev), " would never return: its compute stream waits "
-                 "(computeWaitsFor) for a collective that hangs (CYXWIZ_EMULATED_NCCL_HANG=1) until its "
-                 "communicator is aborted");
+                 "(computeWaitsFor) for a collective that hangs (CYXWIZ_EMULATED_NCCL_HANG=1, peers that did not "
+                 "come, or a failed communicator) until its communicator is aborted");
     }
     return {};
   }
@@ -980,12 +964,14 @@ class EmulatedApi final : public Api {
     delete e;  // a graph's nodes keep using the Mark of an event recorded in its capture
   }
 
-  // ---- NCCL, world size 1 ----
+  // ---- NCCL ----
+  // One rank runs in this process: a collective copies send to recv. Several ranks are separate
+  // processes that meet in a shared-memory segment named by the unique id (emulated_nccl.h): a
+  // collective exchanges through it synchronously, waiting for its peers at most the communicator's
+  // timeout; a captured one exchanges at each replay.
 
   Status ncclUniqueId(std::string* id) noexcept override {
-    std::string s = cat(kUniqueIdTag, nextCommId_.load());
-    s.resize(kNcclUniqueIdBytes, '\0');
-    *id = s;
+    *id = emulated::makeNcclUniqueId();
     return {};
   }
 
@@ -996,33 +982,41 @@ class EmulatedApi final : public Api {
                  kNcclUniqueIdBytes);
     }
     EMU_TRY(useDevice(dev));
-    if (nranks != 1) return cat("emulator: NCCL is emulated for world size 1 only");
-    if (rank != 0) {
-      return cat("ncclCommInitRankConfig on ", cudaDev(dev), " failed: invalid argument (emulator: rank ", rank,
-                 " of a 1-rank communicator)");
+    const std::string failed = cat("ncclCommInitRankConfig on ", cudaDev(dev), " failed: ");
+    if (nranks < 1) return cat(failed, "invalid argument (emulator: a communicator of ", nranks, " ranks)");
+    if (rank < 0 || rank >= nranks) {
+      return cat(failed, "invalid argument (emulator: rank ", rank, " of a ", nranks, "-rank communicator)");
     }
-    if (id.compare(0, sizeof kUniqueIdTag - 1, kUniqueIdTag) != 0) {
-      return cat("ncclCommInitRankConfig on ", cudaDev(dev),
-                 " failed: invalid argument (emulator: the unique id was not made by ncclUniqueId)");
+    if (!emulated::isNcclUniqueId(id)) {
+      return cat(failed, "invalid argument (emulator: the unique id was not made by ncclUniqueId)");
     }
-    auto* c = new (std::nothrow) Comm;
-    if (!c) return cat("ncclCommInitRankConfig on ", cudaDev(dev), " failed: out of host memory");
+    std::unique_ptr<Comm> c(new (std::nothrow) Comm);
+    if (!c) return cat(failed, "out of host memory");
+    if (nranks > 1) {
+      // Joins the segment and returns at once: the peers are waited for by the first collective.
+      emulated::SharedComm* shared = nullptr;
+      const Status why = emulated::SharedComm::open(id, nranks, rank, &shared);
+      if (!why.empty()) return cat(failed, "unhandled system error (emulator: ", why, ")");
+      c->shared.reset(shared);
+    }
     c->id = nextCommId_.fetch_add(1);
     c->dev = dev;
     c->nranks = nranks;
     c->rank = rank;
     Lock lock(mutex_);
-    comms_.insert(c);
-    *comm = c;
+    comms_.insert(c.get());
+    *comm = c.release();
     return {};
   }
 
+  // Never in progress: init and collectives are synchronous here.
   Status ncclState(void* comm, bool* inProgress) noexcept override {
     *inProgress = false;
     Lock lock(mutex_);
     auto* c = static_cast<Comm*>(comm);
     if (!comms_.count(c)) return cat("ncclCommGetAsyncError failed: invalid argument (emulator: not a live communicator)");
     if (c->aborted) return cat("ncclCommGetAsyncError: remote process exited or there was a network error (emulated abort)");
+    if (!c->error.empty()) return cat("the NCCL communicator failed: ", c->error);  // as the real library says it
     return {};
   }
 
@@ -1038,15 +1032,10 @@ class EmulatedApi final : public Api {
       return cat("ncclCollective: unknown ReduceKind ", int(op));
     }
     EMU_TRY(useDevice(dev));
-    const char* call;
-    switch (kind) {
-      case CollectiveKind::AllReduce: call = "ncclAllReduce"; break;
-      case CollectiveKind::Broadcast: call = "ncclBroadcast"; break;
-      case CollectiveKind::AllGather: call = "ncclAllGather"; break;
-      case CollectiveKind::ReduceScatter: call = "ncclReduceScatter"; break;
-      default: return cat("ncclCollective: unknown CollectiveKind ", int(kind));
-    }
+    const char* call = emulated::collectiveName(kind);
+    if (!call) return cat("ncclCollective: unknown CollectiveKind ", int(kind));
     uint64_t commId = 0;
+    size_t nranks = 1;
     {
       Lock lock(mutex_);
       auto* c = static_cast<Comm*>(comm);
@@ -1065,27 +1054,20 @@ class EmulatedApi final : public Api {
                    c->nranks, "-rank communicator)");
       }
       commId = c->id;
+      nranks = static_cast<size_t>(c->nranks);
     }
-    // One rank: send holds count elements (nranks * count for ReduceScatter), recv count (nranks * count
-    // for AllGather), and the reduction of a single contribution, whatever the op, is that contribution.
-    const size_t bytes = count * item;
+    // send holds count elements (nranks * count for ReduceScatter), recv count (nranks * count for AllGather).
+    const size_t sendBytes = count * item * (kind == CollectiveKind::ReduceScatter ? nranks : 1);
+    const size_t recvBytes = count * item * (kind == CollectiveKind::AllGather ? nranks : 1);
+    const emulated::CollectiveCall args{kind, send, recv, count, type, op, root};
     Node node{call,
               [=]() -> Status {
                 const std::string who = cat("ncclCollective (", call, ")");
                 EMU_TRY(commStillUsable(call, dev, commId));  // at a replay, the communicator may be gone
-                EMU_TRY(deviceArg(who.c_str(), dev, send, bytes, "send"));
-                return deviceArg(who.c_str(), dev, recv, bytes, "recv");
+                EMU_TRY(deviceArg(who.c_str(), dev, send, sendBytes, "send"));
+                return deviceArg(who.c_str(), dev, recv, recvBytes, "recv");
               },
-              [=]() -> Status {
-                const char* hang = std::getenv("CYXWIZ_EMULATED_NCCL_HANG");
-                if (hang && std::strcmp(hang, "1") == 0) {
-                  Lock lock(mutex_);
-                  commBlocked_[dev] = commId;  // this and every later point of dev's communication stream waits
-                  return {};
-                }
-                if (bytes && send != recv) std::memmove(recv, send, bytes);
-                return {};
-              }};
+              [=]() { return runCollective(dev, commId, args); }};
     EMU_TRY(node.check());
     {
       Lock lock(mutex_);
@@ -1106,6 +1088,8 @@ class EmulatedApi final : public Api {
     return node.body();
   }
 
+  // Unblocks this rank (its hung collectives complete) and, with several ranks, tells the peers: one
+  // waiting for this rank stops with NCCL's remote error.
   void ncclAbort(void* comm) noexcept override {
     if (!comm) return;
     Lock lock(mutex_);
@@ -1115,6 +1099,10 @@ class EmulatedApi final : public Api {
       return;
     }
     c->aborted = true;  // its blocked work returns (events complete), as after ncclCommAbort
+    if (c->shared) {
+      c->shared->abort();  // also ends an exchange waiting in another thread
+      if (c->busy == 0) c->shared.reset();  // the engine never destroys an aborted communicator: unmap now
+    }
   }
 
   void ncclDestroy(void* comm) noexcept override {
@@ -1126,9 +1114,14 @@ class EmulatedApi final : public Api {
         warn("ncclDestroy of a communicator that is not live (destroyed twice?); ignored");
         return;
       }
+      // ncclCommAbort frees the communicator in real NCCL: destroying an aborted one would be a double free.
+      if (c->aborted) warn("ncclDestroy of an aborted communicator (real NCCL's ncclCommAbort already freed it)");
+      if (c->shared) c->shared->leave();  // a peer still waiting for this rank stops with a remote error
+      if (c->busy) {
+        c->destroyed = true;  // an exchange in another thread still uses it: it deletes it when done
+        return;
+      }
     }
-    // ncclCommAbort frees the communicator in real NCCL: destroying an aborted one would be a double free.
-    if (c->aborted) warn("ncclDestroy of an aborted communicator (real NCCL's ncclCommAbort already freed it)");
     delete c;
   }
 
@@ -1340,6 +1333,55 @@ class EmulatedApi final : public Api {
       if (c->id == id) return c->aborted ? 0 : id;
     }
     return 0;
+  }
+
+  // A collective's body, run now or at a replay (its check ran just before). CYXWIZ_EMULATED_NCCL_HANG,
+  // a hung collective earlier on dev's communication stream, or an earlier failure of the communicator:
+  // it never completes (its later events stay incomplete until an abort). One rank: send is copied to
+  // recv. Several: the exchange through shared memory, outside the lock, as long as the peers take
+  // (bounded); if they do not all come in time it hangs, and if a peer is gone (or called another
+  // collective) the communicator fails with the error ncclState reports.
+  Status runCollective(int dev, uint64_t commId, const emulated::CollectiveCall& call) {
+    const char* hang = std::getenv("CYXWIZ_EMULATED_NCCL_HANG");
+    Comm* c = nullptr;
+    bool single = false;
+    {
+      Lock lock(mutex_);
+      for (Comm* k : comms_) {
+        if (k->id == commId) c = k;
+      }
+      if (!c || c->aborted) return {};  // the check has refused it already
+      if ((hang && std::strcmp(hang, "1") == 0) || !c->error.empty()) {
+        commBlocked_[dev] = commId;  // this and every later point of dev's communication stream waits
+        return {};
+      }
+      if (liveBlock(commBlocked_[dev])) return {};  // queued behind a collective that never completes
+      single = !c->shared;
+      if (!single) ++c->busy;  // keeps c and its mapping while the lock is released
+    }
+    if (single) {
+      const size_t bytes = call.count * elemBytes(call.type);
+      if (bytes && call.send != call.recv) std::memmove(call.recv, call.send, bytes);
+      return {};
+    }
+    std::string why;
+    const emulated::Exchange e = c->shared->run(call, &why);
+    Lock lock(mutex_);
+    --c->busy;
+    if (e == emulated::Exchange::Hung) {
+      warn(cat(emulated::collectiveName(call.kind), " on ", cudaDev(dev), ": ", why, "; it hangs, as NCCL's would, "
+               "until the communicator is aborted"));
+      commBlocked_[dev] = commId;
+    } else if (e == emulated::Exchange::Failed) {
+      c->error = why;
+      commBlocked_[dev] = commId;
+    }
+    if (c->busy == 0 && c->destroyed) {
+      delete c;
+    } else if (c->busy == 0 && c->aborted) {
+      c->shared.reset();
+    }
+    return {};
   }
 
   // A recorded collective's communicator is still there when a replay runs it.
