@@ -68,6 +68,7 @@ namespace {
 constexpr int kMaxDevices = 64;           // as state.cpp
 constexpr size_t kDeviceAlignment = 256;  // as cudaMalloc
 constexpr size_t kHostAlignment = 64;
+using emulated::elemBytes;
 using emulated::kNcclUniqueIdBytes;
 
 // ---- messages ----
@@ -132,16 +133,6 @@ class Mutex {
 using Lock = std::lock_guard<Mutex>;
 size_t f32(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 size_t i64(int64_t n) { return static_cast<size_t>(n) * sizeof(int64_t); }
-
-size_t elemBytes(ElemType t) {
-  switch (t) {
-    case ElemType::Float32: return 4;
-    case ElemType::Float64: return 8;
-    case ElemType::Int32: return 4;
-    case ElemType::Int64: return 8;
-  }
-  return 0;
-}
 
 // ---- handles ----
 

@@ -57,16 +57,6 @@ int64_t timeoutFromEnvironment() {
   return v;
 }
 
-size_t elemBytes(ElemType t) {
-  switch (t) {
-    case ElemType::Float32: return 4;
-    case ElemType::Float64: return 8;
-    case ElemType::Int32: return 4;
-    case ElemType::Int64: return 8;
-  }
-  return 0;
-}
-
 const char* typeName(ElemType t) {
   switch (t) {
     case ElemType::Float32: return "float32";
@@ -236,6 +226,16 @@ bool processGone(int32_t pid) {
 }
 
 }  // namespace
+
+size_t elemBytes(ElemType t) {
+  switch (t) {
+    case ElemType::Float32: return 4;
+    case ElemType::Float64: return 8;
+    case ElemType::Int32: return 4;
+    case ElemType::Int64: return 8;
+  }
+  return 0;
+}
 
 // The segment: a Header, one RankEntry per rank, then (page-aligned) one slot per rank. A fresh
 // segment is zero-filled, which is a valid initial state of everything in it.

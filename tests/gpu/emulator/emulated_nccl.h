@@ -22,6 +22,9 @@
 
 namespace cyxwiz::cuda::emulated {
 
+// Bytes of one element of `t` (0 for an unknown type).
+size_t elemBytes(ElemType t);
+
 constexpr size_t kNcclUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
 
 // A tag, then 32 hex digits from /dev/urandom, NUL-padded to kNcclUniqueIdBytes.
