@@ -434,6 +434,16 @@ def test_busy_default_port_is_replaced_by_a_free_one(tmp_path):
     assert f"port 29500 is in use; using free port {port} instead" in result.stderr
 
 
+@pytest.mark.parametrize("value, problem", [("80x", "is not an integer"), ("70000", "is out of range")])
+def test_bad_master_port_variable_is_worded_as_init_words_it(tmp_path, value, problem):
+    s = script(tmp_path, "env.py", ENV_DUMP)
+    result = launch(["--nproc-per-node", "1", str(s), str(tmp_path / "a")], tmp_path, clean_env(MASTER_PORT=value))
+    assert result.returncode == 1
+    assert f"[launch] error: MASTER_PORT='{value}' {problem}: expected a TCP port, 1..65535" in result.stderr, \
+        result.stderr
+    assert not (tmp_path / "a").exists()
+
+
 def test_busy_explicit_port_fails_before_any_rank_starts(tmp_path):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

@@ -72,6 +72,16 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def port_number(name: str, text: str) -> int:
+    """The port in variable (or argument) `name`; ValueError worded as cx.distributed.init() words it."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not (digits.isascii() and digits.isdigit()):  # int() would take " 80", "8_0" and non-ASCII digits
+        raise ValueError(f"{name}={text!r} is not an integer: expected a TCP port, 1..65535")
+    if not 1 <= int(text) <= 65535:
+        raise ValueError(f"{name}={text!r} is out of range: expected a TCP port, 1..65535")
+    return int(text)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -184,9 +194,9 @@ def master_endpoint(opts: argparse.Namespace) -> tuple[str, int, bool]:
     env_port = os.environ.get("MASTER_PORT")
     if env_port:
         try:
-            return addr, _port(env_port), True
-        except argparse.ArgumentTypeError as e:
-            raise LaunchError(f"MASTER_PORT {e}") from None
+            return addr, port_number("MASTER_PORT", env_port), True
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
     return addr, DEFAULT_PORT, False
 
 

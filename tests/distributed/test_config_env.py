@@ -22,6 +22,7 @@ dist = cx.distributed
 READ_VARIABLES = [
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DISTRIBUTED_BACKEND",
     "DISTRIBUTED_TIMEOUT_MS", "CYXWIZ_JOB_ID", "TORCHELASTIC_RUN_ID", "MPI_LOCALRANKID",
+    "CYXWIZ_MASTER_PORT", "CYXWIZ_RING_SLICE_BYTES", "CYXWIZ_SPIN_US", "LOCAL_WORLD_SIZE",
 ]
 READ_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_")
 
@@ -228,6 +229,97 @@ def test_bad_values_raise_value_error_naming_the_variable(environ, env, names):
         assert not dist.is_initialized()
     finally:
         dist.finalize()
+
+
+# The tuning variables: a unit, a typo or a value outside the range is an error naming the variable,
+# the value and the accepted range, never a number cut short ("1MB" read as 1 byte) or a silent 0.
+BAD_TUNING = [
+    ("CYXWIZ_RING_SLICE_BYTES", "1MB", "is not an integer", "1024..1073741824"),
+    ("CYXWIZ_RING_SLICE_BYTES", "1e6", "is not an integer", "1024..1073741824"),
+    ("CYXWIZ_RING_SLICE_BYTES", " 4096", "is not an integer", "1024..1073741824"),
+    ("CYXWIZ_RING_SLICE_BYTES", "0", "is out of range", "1024..1073741824"),
+    ("CYXWIZ_RING_SLICE_BYTES", "100", "is out of range", "1024..1073741824"),
+    ("CYXWIZ_RING_SLICE_BYTES", "-1048576", "is out of range", "1024..1073741824"),
+    ("CYXWIZ_RING_SLICE_BYTES", "4294967296", "is out of range", "1024..1073741824"),
+    ("CYXWIZ_RING_SLICE_BYTES", "99999999999999999999999", "is out of range", "1024..1073741824"),
+    ("CYXWIZ_SPIN_US", "abc", "is not an integer", "0..1000000"),
+    ("CYXWIZ_SPIN_US", "50us", "is not an integer", "0..1000000"),
+    ("CYXWIZ_SPIN_US", "-1", "is out of range", "0..1000000"),
+    ("CYXWIZ_SPIN_US", "1000001", "is out of range", "0..1000000"),
+    ("LOCAL_WORLD_SIZE", "two", "is not an integer", "at least 1"),
+    ("LOCAL_WORLD_SIZE", "0", "is out of range", "at least 1"),
+]
+
+
+@pytest.mark.parametrize("name, value, problem, accepted", BAD_TUNING,
+                         ids=[f"{n}={v!r}" for n, v, _, _ in BAD_TUNING])
+def test_bad_tuning_values_raise_value_error_naming_variable_value_and_range(environ, name, value, problem, accepted):
+    environ({name: value})
+    with pytest.raises(ValueError) as info:
+        dist.DistributedConfig.from_environment()
+    message = str(info.value)
+    assert message.startswith(f"{name}={value!r} {problem}: expected "), message
+    assert accepted in message, message
+    # init() reads them whatever config it is given, an explicit one too, before touching the network.
+    for config in (None, dist.DistributedConfig()):
+        try:
+            with pytest.raises(ValueError) as again:
+                dist.init(config)
+            assert str(again.value) == message
+            assert not dist.is_initialized()
+        finally:
+            dist.finalize()
+
+
+@pytest.mark.parametrize("value", ["", "1024", "1048576", "1073741824"])
+def test_good_ring_slice_bytes_are_accepted(environ, value):
+    environ({"CYXWIZ_RING_SLICE_BYTES": value, "CYXWIZ_SPIN_US": "0", "LOCAL_WORLD_SIZE": "2"})
+    assert fields(dist.DistributedConfig.from_environment()) == DEFAULTS
+
+
+def _first_rank(local_rank):
+    return local_rank
+
+
+@pytest.mark.parametrize("value", ["80x", "", " 80", "8_0", "+", "0", "65536", "99999999999999999999"])
+def test_spawn_checks_master_port_as_init_does(environ, value):
+    # The same value gives the same message in spawn (Python) and in init() (C++).
+    environ({"MASTER_PORT": value})
+    with pytest.raises(ValueError) as cpp:
+        dist.DistributedConfig.from_environment()
+    if value == "":
+        return  # spawn takes an empty MASTER_PORT as unset (a free port), as the launcher does
+    with pytest.raises(ValueError) as py:
+        dist.spawn(_first_rank, nprocs=1, timeout=30)
+    assert str(py.value) == str(cpp.value), (str(py.value), str(cpp.value))
+    assert str(py.value).startswith(f"MASTER_PORT={value!r} is "), str(py.value)
+
+
+def test_spawn_checks_its_master_port_argument(environ):
+    with pytest.raises(ValueError, match=r"master_port='70000' is out of range: expected a TCP port, 1\.\.65535"):
+        dist.spawn(_first_rank, nprocs=1, master_port=70000, timeout=30)
+
+
+DDP_FLAG = r'''
+import pycyxwiz as cx
+cx.distributed.init()
+model = cx.SequentialModel()
+model.add(cx.LinearModule(2, 2))
+try:
+    cx.distributed.DistributedDataParallel(model)
+except ValueError as e:
+    print("ValueError:", e)
+else:
+    print("accepted")
+'''
+
+
+@pytest.mark.parametrize("name", ["CYXWIZ_DDP_OVERLAP", "CYXWIZ_DDP_CHECK_GRADIENTS"])
+def test_bad_ddp_flag_is_refused_naming_the_variable(ranks, name):
+    [result] = ranks.run(DDP_FLAG, 1, env={name: "maybe"})
+    assert result.rc == 0, ranks.report([result])
+    assert result.out.strip() == (f"ValueError: {name}='maybe' is not a flag: expected 1 or 0 "
+                                  f"(also true/false, yes/no, on/off)"), ranks.report([result])
 
 
 def bad_config(**changes):

@@ -1,34 +1,16 @@
 #include "cyxwiz/comm/config.h"
 
 #include <cctype>
-#include <cstdlib>
 #include <optional>
 
+#include "cyxwiz/common/env.h"
 #include "cyxwiz/common/error.h"
 
 namespace cyxwiz::comm {
 
 namespace {
 
-std::optional<std::string> env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return std::nullopt;
-  return std::string(v);
-}
-
-// Strict base-10: "4" yes; "", "4x", " 4", "1e3" no.
-int64_t parseInteger(const char* name, const std::string& value, const char* expected) {
-  size_t i = (value.size() > 1 && (value[0] == '-' || value[0] == '+')) ? 1 : 0;
-  bool ok = i < value.size() && value.size() <= 18;
-  for (size_t k = i; ok && k < value.size(); ++k) ok = std::isdigit(static_cast<unsigned char>(value[k])) != 0;
-  if (!ok) throw InvalidArgument(makeString(name, "='", value, "' is not an integer: expected ", expected));
-  return std::stoll(value);
-}
-
-int64_t requireRange(const char* name, int64_t v, int64_t lo, int64_t hi, const std::string& expected) {
-  if (v < lo || v > hi) throw InvalidArgument(makeString(name, "=", v, " is out of range: expected ", expected));
-  return v;
-}
+std::optional<std::string> env(const char* name) { return envString(name); }
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -110,19 +92,18 @@ DistributedConfig DistributedConfig::fromEnvironment() {
       throw InvalidArgument(makeString(vars.rank, "=", *rank, " is set but ", vars.size,
                                        " is not: set both (", vars.size, " = the number of processes), or neither to run a single process"));
     }
-    c.worldSize = static_cast<int>(requireRange(vars.size, parseInteger(vars.size, *size, "the number of processes"), 1,
-                                                1 << 20, "at least 1"));
+    c.worldSize = static_cast<int>(checkedInteger(vars.size, *size, 1, 1 << 20, "the number of processes, at least 1"));
     if (!rank && c.worldSize > 1) {
       throw InvalidArgument(makeString(vars.size, "=", *size, " is set but ", vars.rank, " is not: set ", vars.rank,
                                        " to this process's rank, 0..", c.worldSize - 1));
     }
     std::string ranks = makeString("0..", c.worldSize - 1, " (", vars.size, "=", c.worldSize, ")");
-    if (rank) c.rank = static_cast<int>(requireRange(vars.rank, parseInteger(vars.rank, *rank, ranks.c_str()), 0, c.worldSize - 1, ranks));
+    if (rank) c.rank = static_cast<int>(checkedInteger(vars.rank, *rank, 0, c.worldSize - 1, ranks));
     c.localRank = c.rank;  // the guide: LOCAL_RANK defaults to RANK
     if (auto local = env(vars.local)) {
-      c.localRank = static_cast<int>(requireRange(vars.local, parseInteger(vars.local, *local, "a GPU index >= 0"), 0, 1 << 20, "a GPU index >= 0"));
+      c.localRank = static_cast<int>(checkedInteger(vars.local, *local, 0, 1 << 20, "a GPU index >= 0"));
     } else if (auto anyLocal = env("LOCAL_RANK")) {
-      c.localRank = static_cast<int>(requireRange("LOCAL_RANK", parseInteger("LOCAL_RANK", *anyLocal, "a GPU index >= 0"), 0, 1 << 20, "a GPU index >= 0"));
+      c.localRank = static_cast<int>(checkedInteger("LOCAL_RANK", *anyLocal, 0, 1 << 20, "a GPU index >= 0"));
     }
     c.source = vars.source;
     break;
@@ -136,7 +117,7 @@ DistributedConfig DistributedConfig::fromEnvironment() {
     if (list && !firstSlurmHost(*list).empty()) c.masterAddr = firstSlurmHost(*list);
   }
   if (auto port = env("MASTER_PORT")) {
-    c.masterPort = static_cast<int>(requireRange("MASTER_PORT", parseInteger("MASTER_PORT", *port, "a TCP port, 1..65535"), 1, 65535, "a TCP port, 1..65535"));
+    c.masterPort = static_cast<int>(checkedInteger("MASTER_PORT", *port, 1, 65535, "a TCP port, 1..65535"));
     // Under torchrun the agent's own store already listens on MASTER_PORT: take the next port.
     if (env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
       c.masterPort = c.masterPort < 65000 ? c.masterPort + 1 : c.masterPort - 16;
@@ -146,16 +127,24 @@ DistributedConfig DistributedConfig::fromEnvironment() {
   }
   if (auto port = env("CYXWIZ_MASTER_PORT")) {
     c.portSpan = 1;
-    c.masterPort = static_cast<int>(requireRange("CYXWIZ_MASTER_PORT", parseInteger("CYXWIZ_MASTER_PORT", *port, "a TCP port, 1..65535"), 1, 65535, "a TCP port, 1..65535"));
+    c.masterPort = static_cast<int>(checkedInteger("CYXWIZ_MASTER_PORT", *port, 1, 65535, "a TCP port, 1..65535"));
   }
   if (auto backend = env("DISTRIBUTED_BACKEND")) c.backend = parseBackend("DISTRIBUTED_BACKEND", *backend);
   if (auto timeout = env("DISTRIBUTED_TIMEOUT_MS")) {
-    c.timeoutMs = requireRange("DISTRIBUTED_TIMEOUT_MS", parseInteger("DISTRIBUTED_TIMEOUT_MS", *timeout, "milliseconds > 0"), 1,
-                               int64_t{1} << 40, "milliseconds > 0");
+    c.timeoutMs = checkedInteger("DISTRIBUTED_TIMEOUT_MS", *timeout, 1, int64_t{1} << 40, "milliseconds > 0");
   }
   c.jobId = jobIdFromEnvironment();
   if (auto secret = env("CYXWIZ_SECRET")) c.secret = *secret;
+  c.readTuning();
   return c;
+}
+
+void DistributedConfig::readTuning() {
+  ringSliceBytes = envInt("CYXWIZ_RING_SLICE_BYTES", kDefaultRingSliceBytes, 1024, int64_t{1} << 30,
+                          "a number of bytes without a unit, 1024..1073741824 (default 1048576, 1 MiB)");
+  spinUs = envInt("CYXWIZ_SPIN_US", -1, 0, 1000000, "microseconds without a unit, 0..1000000");
+  // Larger than the world (a stale value, a hand-started job): the whole world is the upper bound.
+  localWorldSize = static_cast<int>(envInt("LOCAL_WORLD_SIZE", 0, 1, 1 << 20, "the number of ranks on this machine, at least 1"));
 }
 
 void DistributedConfig::validate() const {
@@ -178,10 +167,9 @@ std::string DistributedConfig::describe() const {
                     ", from ", source, secret.empty() ? "" : ", with a shared secret");
 }
 
-int ranksOnThisHost(int worldSize) {
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  long n = local ? std::atol(local) : 0;
-  return n > 0 && n <= worldSize ? static_cast<int>(n) : worldSize;
+int ranksOnThisHost(const DistributedConfig& config) {
+  const int n = config.localWorldSize;
+  return n > 0 && n <= config.worldSize ? n : config.worldSize;
 }
 
 }  // namespace cyxwiz::comm

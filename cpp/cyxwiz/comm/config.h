@@ -18,6 +18,7 @@ const char* backendName(BackendType b);
 struct DistributedConfig {
   static constexpr int kDefaultPort = 29500;
   static constexpr int64_t kDefaultTimeoutMs = 30000;
+  static constexpr int64_t kDefaultRingSliceBytes = 1 << 20;
 
   int rank = 0;
   int worldSize = 1;
@@ -39,8 +40,16 @@ struct DistributedConfig {
   // Where rank and world size came from: "RANK/WORLD_SIZE", "Slurm", "Open MPI", "MPICH", "default".
   std::string source = "default";
 
+  // Tuning, from the environment by readTuning() (init() calls it whatever config it is given), so
+  // that the collectives never read the environment themselves. Not user-facing fields.
+  int64_t ringSliceBytes = kDefaultRingSliceBytes;  // CYXWIZ_RING_SLICE_BYTES
+  int64_t spinUs = -1;                              // CYXWIZ_SPIN_US; -1: chosen from the cores
+  int localWorldSize = 0;                           // LOCAL_WORLD_SIZE; 0: not known
+
   // Raises InvalidArgument naming the variable (and what was expected) for any bad or partial value.
   static DistributedConfig fromEnvironment();
+  // The tuning fields above from their variables; InvalidArgument naming the variable for a bad value.
+  void readTuning();
   // Checks an explicit config before init uses it; messages name the field.
   void validate() const;
   std::string describe() const;  // "rank 1/4 (local 1), master 127.0.0.1:29500, cpu, timeout 30000 ms"
@@ -48,7 +57,7 @@ struct DistributedConfig {
 
 // Ranks of the job on this machine: LOCAL_WORLD_SIZE (torchrun, our launcher), else the whole world
 // (an upper bound). Policies that share the machine's cores (spinning, overlap) start from it.
-int ranksOnThisHost(int worldSize);
+int ranksOnThisHost(const DistributedConfig& config);
 
 // First host of a Slurm node list: "gpu[03-05,9],cpu1" -> "gpu03". Empty for an empty list.
 std::string firstSlurmHost(const std::string& nodeList);

@@ -38,6 +38,7 @@ void init(const DistributedConfig& config) {
   }
   setLogRank(config.rank, config.worldSize);
   DistributedConfig c = config;
+  c.readTuning();  // an explicit config too: the tuning variables apply to every job
   c.generation = gCompletedInits + 1;
   try {
     const Device gpu = c.backend == BackendType::NCCL ? NcclBackend::deviceFor(c) : Device{};

@@ -1,11 +1,12 @@
 #include "cyxwiz/common/logging.h"
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
+#include <optional>
 
+#include "cyxwiz/common/env.h"
 #include "cyxwiz/common/error.h"
 
 namespace cyxwiz {
@@ -16,13 +17,23 @@ std::mutex gMutex;
 int gRank = -1;
 int gWorld = 0;
 
+// An unknown level is not an error (logging must never throw): it is said once, on stderr.
 LogLevel thresholdFromEnvironment() {
-  const char* v = std::getenv("CYXWIZ_LOG_LEVEL");
-  if (v == nullptr) return LogLevel::Notice;
-  if (std::strcmp(v, "debug") == 0 || std::strcmp(v, "DEBUG") == 0) return LogLevel::Debug;
-  if (std::strcmp(v, "info") == 0 || std::strcmp(v, "INFO") == 0) return LogLevel::Info;
-  if (std::strcmp(v, "warning") == 0 || std::strcmp(v, "WARNING") == 0) return LogLevel::Warning;
+  std::optional<std::string> v = envString("CYXWIZ_LOG_LEVEL");
+  if (!v || v->empty()) return LogLevel::Notice;
+  std::string s;
+  for (char c : *v) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "debug") return LogLevel::Debug;
+  if (s == "info") return LogLevel::Info;
+  if (s == "warning") return LogLevel::Warning;
+  std::fprintf(stderr, "[pycyxwiz] WARNING: CYXWIZ_LOG_LEVEL='%s' is not a log level: expected debug, info or warning; "
+               "using the default (warnings and notices)\n", v->c_str());
   return LogLevel::Notice;
+}
+
+LogLevel threshold() {
+  static const LogLevel level = thresholdFromEnvironment();
+  return level;
 }
 
 }  // namespace
@@ -42,8 +53,7 @@ std::string rankPrefix() {
 }
 
 void log(LogLevel level, const std::string& message) {
-  static const LogLevel threshold = thresholdFromEnvironment();
-  if (level < threshold) return;
+  if (level < threshold()) return;
   const char* name = level == LogLevel::Warning ? "WARNING" : level >= LogLevel::Info ? "INFO" : "DEBUG";
   std::lock_guard<std::mutex> lock(gMutex);
   if (gRank >= 0) {

@@ -7,6 +7,7 @@
 
 #include "cyxwiz/comm/nccl/nccl_backend.h"
 #include "cyxwiz/comm/process_group.h"
+#include "cyxwiz/common/env.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 #include "cyxwiz/ddp/exchange.h"
@@ -18,11 +19,6 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr size_t kFirstBucketCap = 1 << 20;  // PyTorch DDP's first bucket: start communicating early
 
-bool envFlag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0 && std::strcmp(v, "false") != 0 && std::strcmp(v, "no") != 0;
-}
-
 double checksum(const Tensor& t) {
   const Tensor host = t.to(Device{});
   const float* x = host.data<float>();
@@ -33,12 +29,10 @@ double checksum(const Tensor& t) {
 
 bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
-bool overlapPolicy(int worldSize, bool onNccl) {
-  if (const char* v = std::getenv("CYXWIZ_DDP_OVERLAP"); v && *v) return envFlag("CYXWIZ_DDP_OVERLAP");
+bool overlapPolicy(const comm::DistributedConfig& config, bool onNccl) {
   // NCCL runs on its own stream and costs the host only the launch: always worth overlapping.
-  if (onNccl) return true;
   const long cores = static_cast<long>(std::thread::hardware_concurrency());
-  return 2L * comm::ranksOnThisHost(worldSize) <= cores;
+  return envFlag("CYXWIZ_DDP_OVERLAP", onNccl || 2L * comm::ranksOnThisHost(config) <= cores);
 }
 
 }  // namespace
@@ -48,7 +42,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   CYX_CHECK(model_ != nullptr, "DistributedDataParallel: model is None");
   CYX_CHECK(config.bucketSizeMb > 0, "DDPConfig.bucket_size_mb=", config.bucketSizeMb, " must be positive");
   backend_ = comm::backend("DistributedDataParallel");
-  config_.checkGradients = config.checkGradients || envFlag("CYXWIZ_DDP_CHECK_GRADIENTS");
+  config_.checkGradients = config.checkGradients || envFlag("CYXWIZ_DDP_CHECK_GRADIENTS", false);
   if (config.findUnusedParameters) {
     logNotice("DDPConfig.find_unused_parameters=True has no effect: every layer of a SequentialModel receives a "
             "gradient in every backward");
@@ -63,7 +57,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
     model_->to(nccl->device());  // the guide's scripts never move the model themselves
     logInfo(makeString("DistributedDataParallel: model moved to ", nccl->device().str(), " for the nccl backend"));
   }
-  overlap_ = overlapPolicy(worldSize(), nccl != nullptr);
+  overlap_ = overlapPolicy(backend_->config(), nccl != nullptr);
   if (worldSize() > 1) {
     checkSameArchitecture();
     if (config.broadcastParameters) broadcastParameters();

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cyxwiz/common/env.h"
 #include "cyxwiz/common/error.h"
 
 namespace cyxwiz::blas {
@@ -30,28 +31,15 @@ void setNumThreads(int n) {
 
 namespace {
 
-// Positive integer value of an environment variable, or 0 when unset/empty.
-int envInt(const char* name) {
-  const char* value = std::getenv(name);
-  if (!value || !*value) return 0;
-  char* end = nullptr;
-  long n = std::strtol(value, &end, 10);
-  if (*end != '\0' || n < 1 || n > 4096) {
-    throw InvalidArgument(makeString("environment variable ", name, "='", value, "' is not a positive integer; unset it or set e.g. ",
-                                     name, "=1"));
-  }
-  return static_cast<int>(n);
-}
-
 bool envSet(const char* name) {
-  const char* value = std::getenv(name);
-  return value && *value;
+  const std::optional<std::string> value = envString(name);
+  return value && !value->empty();
 }
 
 }  // namespace
 
 std::string configureThreadsFromEnvironment() {
-  if (int n = envInt("CYXWIZ_NUM_THREADS")) {
+  if (int n = static_cast<int>(envInt("CYXWIZ_NUM_THREADS", 0, 1, 4096, "a number of threads, 1..4096; unset it for the default"))) {
     setNumThreads(n);
     return makeString("BLAS threads: ", n, " (CYXWIZ_NUM_THREADS)");
   }
@@ -60,10 +48,12 @@ std::string configureThreadsFromEnvironment() {
   }
   const char* worldVars[] = {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
   for (const char* var : worldVars) {
-    const char* value = std::getenv(var);
-    if (value && std::atoi(value) > 1) {
+    // Only a hint here: a bad value is refused by init(), which names it.
+    const std::optional<std::string> value = envString(var);
+    const std::optional<int64_t> ranks = value ? parseInteger(*value) : std::nullopt;
+    if (ranks && *ranks > 1) {
       setNumThreads(1);
-      return makeString("BLAS threads: 1 per rank (", var, "=", value, "; override with CYXWIZ_NUM_THREADS)");
+      return makeString("BLAS threads: 1 per rank (", var, "=", *value, "; override with CYXWIZ_NUM_THREADS)");
     }
   }
   return makeString("BLAS threads: ", numThreads(), " (single process: all cores)");

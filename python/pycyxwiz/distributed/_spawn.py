@@ -65,7 +65,7 @@ def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: in
     node); with several nodes, give every node the same master address and port, and its node_rank.
     """
     # Imported here, not at the top: `python -m pycyxwiz.launch` must find the launcher not yet imported.
-    from ..launch import FOREIGN_RANK_VARS, _free_port
+    from ..launch import FOREIGN_RANK_VARS, _free_port, port_number
 
     if not callable(fn):
         raise TypeError(f"spawn: fn must be callable, got {type(fn).__name__}")
@@ -73,7 +73,10 @@ def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: in
         raise ValueError(f"spawn: nprocs={nprocs} and nnodes={nnodes} must be >= 1, node_rank={node_rank} in "
                          f"[0, nnodes)")
     addr = master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    port = master_port or int(os.environ.get("MASTER_PORT", "0") or 0)
+    if master_port:
+        port = port_number("master_port", str(master_port))
+    else:
+        port = port_number("MASTER_PORT", os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else 0
     if not port:
         if nnodes > 1:
             raise ValueError("spawn: with nnodes > 1 every node needs the same master port: pass master_port= "

@@ -49,9 +49,9 @@ namespace {
 
 // How long a blocking call polls before it sleeps: CYXWIZ_SPIN_US, else 2 ms when this machine has
 // a core for every local rank (a sleeping rank wakes 20-100 us late on a busy host), else 0.
-std::chrono::microseconds spinBudget(int worldSize) {
-  if (const char* v = std::getenv("CYXWIZ_SPIN_US")) return std::chrono::microseconds(std::atoll(v));
-  long ranksHere = ranksOnThisHost(worldSize);
+std::chrono::microseconds spinBudget(const DistributedConfig& config) {
+  if (config.spinUs >= 0) return std::chrono::microseconds(config.spinUs);
+  long ranksHere = ranksOnThisHost(config);
   long cores = static_cast<long>(std::thread::hardware_concurrency());
   return std::chrono::microseconds(ranksHere > 0 && ranksHere <= cores ? 2000 : 0);
 }
@@ -75,7 +75,7 @@ std::string publishedIp(const DistributedConfig& config, const std::string& viaM
 
 }  // namespace
 
-CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config), spin_(spinBudget(config.worldSize)) {
+CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config), spin_(spinBudget(config)) {
   if (config.worldSize > 1) {
     Deadline deadline = deadlineAfterMs(config.timeoutMs);
     if (config.rank == 0) server_ = std::make_unique<StoreServer>(config.masterPort, config.portSpan, jobIdentityOf(config), std::min<int64_t>(config.timeoutMs, 10000));
@@ -151,7 +151,8 @@ void CpuBackend::execute(Task& task, bool onCaller) {
     Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work,
               onCaller ? spin_ : std::min(spin_, kMaxAsyncSpin),
               onCaller ? interruptCheck() : nullptr);
-    Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call, &left_, &right_, &partners_);
+    Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call, &left_, &right_, &partners_,
+              static_cast<size_t>(config_.ringSliceBytes));
     task.body(ring);
     task.work->finish();
   } catch (...) {

@@ -16,8 +16,9 @@ iovec span(const void* p, size_t n) { return {const_cast<void*>(p), n}; }
 }  // namespace
 
 Ring::Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const CallSignature& call, Pair* left,
-           Pair* right, std::vector<Pair>* partners)
-    : rank_(rank), size_(size), io_(io), scratch_(scratch), call_(call), left_(left), right_(right), partners_(partners) {
+           Pair* right, std::vector<Pair>* partners, size_t sliceBytes)
+    : rank_(rank), size_(size), io_(io), scratch_(scratch), call_(call), left_(left), right_(right), partners_(partners),
+      sliceBytes_(sliceBytes) {
   wire::encodeCall(call_, myHeader_);
 }
 
@@ -100,7 +101,7 @@ void Ring::allReduce(void* data, size_t count, DType dtype, ReduceOp op) {
     return;
   }
   // Slices small enough that what a step sends, receives and reduces stays in cache.
-  const size_t slice = std::max<size_t>(sliceBytes() / esz, static_cast<size_t>(size_));
+  const size_t slice = std::max<size_t>(sliceBytes_ / esz, static_cast<size_t>(size_));
   scratch_.resize(partBegin(std::min(count, slice), size_, 1) * esz);  // the largest chunk
   for (size_t at = 0; at < count; at += slice) ringAllReduce(d + at * esz, std::min(slice, count - at), dtype, op);
 }
@@ -135,14 +136,6 @@ void Ring::ringAllReduce(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
     int sendChunk = rank_ - s, recvChunk = rank_ - s - 1;
     step({span(d + at(sendChunk), len(sendChunk))}, {span(d + at(recvChunk), len(recvChunk))});
   }
-}
-
-size_t Ring::sliceBytes() {
-  static const size_t bytes = [] {
-    const char* v = std::getenv("CYXWIZ_RING_SLICE_BYTES");
-    return v ? static_cast<size_t>(std::atoll(v)) : size_t{1} << 20;
-  }();
-  return bytes;
 }
 
 void Ring::broadcast(void* data, size_t bytes, int root) {

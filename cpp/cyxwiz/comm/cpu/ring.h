@@ -28,8 +28,10 @@ class Ring {
   static constexpr size_t kSmallBytes = 64 * 1024;
 
   // partners[k-1]: the link to rank r XOR 2^k (k >= 1), present in power-of-two worlds of 4+.
+  // sliceBytes: the large all-reduce's slice (DistributedConfig::ringSliceBytes).
   Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const CallSignature& call,
-       Pair* left = nullptr, Pair* right = nullptr, std::vector<Pair>* partners = nullptr);
+       Pair* left = nullptr, Pair* right = nullptr, std::vector<Pair>* partners = nullptr,
+       size_t sliceBytes = size_t{1} << 20);
 
   void allReduce(void* data, size_t count, DType dtype, ReduceOp op);
   void broadcast(void* data, size_t bytes, int root);
@@ -51,7 +53,6 @@ class Ring {
   // combine, lower rank's operand first, so that both partners compute the same bits.
   void recursiveDoubling(uint8_t* data, size_t count, DType dtype, ReduceOp op);
   void ringAllReduce(uint8_t* data, size_t count, DType dtype, ReduceOp op);
-  static size_t sliceBytes();
   // The first `steps` reduce-scatter steps (N-1 for all of them).
   void reduceScatterInPlace(uint8_t* data, size_t count, DType dtype, ReduceOp op, uint8_t* recvBuf, int steps);
 
@@ -62,6 +63,7 @@ class Ring {
   Pair* left_;
   Pair* right_;
   std::vector<Pair>* partners_;
+  size_t sliceBytes_;
   uint8_t myHeader_[wire::kCallHeaderBytes];
   uint8_t leftHeader_[wire::kCallHeaderBytes];
   bool headerSent_ = false;
