@@ -319,6 +319,72 @@ def test_second_signal_kills_ranks_that_ignore_the_first(tmp_path):
     assert "a second signal to the launcher" in result.stderr
 
 
+# A rank that starts a child (a data loader, a shell command) and exits: the child is in the rank's
+# process group and must not outlive the launcher, whatever way the job ends.
+FORKS = """
+    import subprocess
+    child = subprocess.Popen(["sleep", "1000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (HERE / f"child.{RANK}").write_text(str(child.pid))
+    if RANK == int(sys.argv[1]):
+        sys.exit(int(sys.argv[2]))
+    time.sleep(600 if int(sys.argv[2]) else 0)
+"""
+
+
+def child_pids(tmp_path: Path) -> list[int]:
+    return [int(p.read_text()) for p in tmp_path.glob("child.*") if p.read_text()]
+
+
+def kill_pids(pids: list[int], tmp_path: Path) -> None:
+    for pid in pids:
+        if _alive(pid, tmp_path):
+            os.kill(pid, signal.SIGKILL)
+
+
+@posix_only
+@pytest.mark.parametrize("exit_code", [0, 3], ids=["success", "failure"])
+def test_children_of_ranks_that_exited_are_stopped_at_the_end(tmp_path, exit_code):
+    s = script(tmp_path, "forks.py", FORKS)
+    try:
+        result = launch(["--nproc-per-node", "2", "--kill-timeout", "2", "--master-port", str(free_port()), str(s),
+                         "0", str(exit_code)], tmp_path)
+        assert result.returncode == exit_code, result.stderr
+        children = child_pids(tmp_path)
+        assert len(children) == 2, result.stderr
+        deadline = time.monotonic() + 2
+        while any(_alive(pid, tmp_path) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in children if _alive(pid, tmp_path)]
+        assert not left, f"children of ranks (pids {left}) outlived the launcher; its stderr:\n{result.stderr}"
+    finally:
+        kill_pids(child_pids(tmp_path), tmp_path)
+
+
+@posix_only
+def test_ranks_and_their_children_end_when_the_launcher_is_killed(tmp_path):
+    s = script(tmp_path, "forks.py", FORKS + """
+    (HERE / f"ready.{RANK}").touch()
+    time.sleep(600)
+    """)
+    proc = start(["--nproc-per-node", "2", "--kill-timeout", "2", "--master-port", str(free_port()), str(s),
+                  "-1", "0"], tmp_path)
+    try:
+        wait_for_files([tmp_path / "ready.0", tmp_path / "ready.1"], proc)
+        ours = list(rank_pids(tmp_path).values()) + child_pids(tmp_path)
+        assert len(ours) == 4
+        os.kill(proc.pid, signal.SIGKILL)  # as the OOM killer would: no chance to forward anything
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 3
+        while any(_alive(pid, tmp_path) for pid in ours) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in ours if _alive(pid, tmp_path)]
+        assert not left, f"ranks and their children (pids {left}) outlived the SIGKILLed launcher by 3 s"
+    finally:
+        kill_pids(child_pids(tmp_path), tmp_path)
+        kill_leftovers(proc, tmp_path)
+        proc.communicate(timeout=10)
+
+
 def test_max_restarts_restarts_the_whole_group_with_a_new_job_id(tmp_path):
     s = script(tmp_path, "flaky.py", """
         attempt = os.environ["CYXWIZ_RESTART_COUNT"]
@@ -481,3 +547,85 @@ def test_batch_launcher_has_crlf_line_endings():
     data = (ROOT / "launch_distributed.bat").read_bytes()
     assert b"pycyxwiz.launch" in data
     assert data.count(b"\n") == data.count(b"\r\n") > 0
+
+
+# --------------------------------------------------------------- cx.distributed.spawn, the same rules
+
+SPAWNED = """\
+import os, subprocess, sys, time
+from pathlib import Path
+import pycyxwiz as cx
+
+
+def rank(local_rank, here, mode):
+    here = Path(here)
+    (here / f"rank.{local_rank}").write_text(str(os.getpid()))
+    child = subprocess.Popen(["sleep", "1000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (here / f"child.{local_rank}").write_text(str(child.pid))
+    if mode == "sleep":
+        (here / f"ready.{local_rank}").touch()
+        time.sleep(600)
+    return local_rank
+
+
+if __name__ == "__main__":
+    print(cx.distributed.spawn(rank, args=(os.getcwd(), sys.argv[1]), nprocs=2, timeout=60))
+"""
+
+
+def spawn_job(tmp_path: Path, mode: str) -> subprocess.Popen:
+    (tmp_path / "job.py").write_text(SPAWNED)
+    return subprocess.Popen([sys.executable, "job.py", mode], cwd=tmp_path, env=clean_env(CYXWIZ_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def spawned_pids(tmp_path: Path) -> list[int]:
+    return [int(p.read_text()) for p in [*tmp_path.glob("rank.*"), *tmp_path.glob("child.*")] if p.read_text()]
+
+
+def kill_spawned(proc: subprocess.Popen, tmp_path: Path) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    kill_pids(spawned_pids(tmp_path), tmp_path)
+    proc.communicate(timeout=10)
+
+
+def wait_gone(pids: list[int], tmp_path: Path, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while any(_alive(pid, tmp_path) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if _alive(pid, tmp_path)]
+
+
+@posix_only
+def test_spawn_stops_the_children_of_ranks_that_returned(tmp_path):
+    proc = spawn_job(tmp_path, "return")
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0 and out.strip() == b"[0, 1]", err.decode()
+        pids = spawned_pids(tmp_path)
+        assert len(pids) == 4, err.decode()
+        left = wait_gone(pids, tmp_path, 2)
+        assert not left, f"processes of spawn's ranks (pids {left}) outlived spawn(); stderr:\n{err.decode()}"
+    finally:
+        kill_spawned(proc, tmp_path)
+
+
+@posix_only
+def test_spawned_ranks_end_when_their_parent_is_killed(tmp_path):
+    proc = spawn_job(tmp_path, "sleep")
+    try:
+        deadline = time.monotonic() + 30
+        while not all((tmp_path / f"ready.{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1].decode()
+            time.sleep(0.02)
+        pids = spawned_pids(tmp_path)
+        assert len(pids) == 4
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        left = wait_gone(pids, tmp_path, 3)
+        assert not left, f"spawn's ranks and their children (pids {left}) outlived the SIGKILLed parent by 3 s"
+    finally:
+        kill_spawned(proc, tmp_path)

@@ -26,6 +26,8 @@ import time
 from collections import deque
 from typing import BinaryIO, Sequence
 
+from ._procgroup import Watchdog, group_alive, stop_groups, wait_unreaped
+
 DEFAULT_ADDR = "127.0.0.1"
 DEFAULT_PORT = 29500
 DEFAULT_KILL_TIMEOUT = 10.0
@@ -344,8 +346,8 @@ class Group:
     """One attempt: all local ranks, started together, stopped together."""
 
     def __init__(self, commands: list[tuple[int, int, list[str], dict[str, str]]], out: Output,
-                 signals: Signals, kill_timeout: float) -> None:
-        self.out, self.signals, self.kill_timeout = out, signals, kill_timeout
+                 signals: Signals, kill_timeout: float, watchdog: Watchdog) -> None:
+        self.out, self.signals, self.kill_timeout, self.watchdog = out, signals, kill_timeout, watchdog
         self.exits: queue.Queue[tuple[Rank, int]] = queue.Queue()
         self.ranks: list[Rank] = []
         self.running: list[Rank] = []
@@ -354,11 +356,15 @@ class Group:
                 r = Rank(rank, local_rank, command, env, out)
             except OSError as e:
                 self.stop(signal.SIGTERM)
+                self.sweep()
                 raise LaunchError(f"cannot start rank {rank}: {command[0]}: {e.strerror or e}") from None
+            watchdog.watch(r.proc.pid)
             self.ranks.append(r)
             self.running.append(r)
             # A waiter per rank reports exits in the order they happen: the first failure is the cause.
-            threading.Thread(target=lambda r=r: self.exits.put((r, r.proc.wait())), daemon=True).start()
+            # It leaves the rank unreaped until sweep(), so the id of its process group stays ours.
+            threading.Thread(target=lambda r=r: self.exits.put((r, wait_unreaped(r.proc.pid, r.proc.wait))),
+                             daemon=True).start()
 
     def _collect(self, timeout: float) -> list[tuple[Rank, int]]:
         done = []
@@ -389,6 +395,25 @@ class Group:
             deadline = time.monotonic() + 5.0  # SIGKILL cannot be caught; only a hung kernel call delays it
             while self.running and time.monotonic() < deadline:
                 self._collect(0.05)
+
+    def sweep(self) -> None:
+        """At the end of an attempt, however it ended: stop what is left in every rank's process group,
+        also of ranks that exited (their children), SIGKILL after kill_timeout or a second signal."""
+        if os.name == "nt":
+            return
+        seen = len(self.signals.received)
+        left = [r for r in self.ranks if group_alive(r.proc.pid)]
+        if left:
+            self.out.log(f"stopping processes left running in the process group of "
+                         f"{', '.join(r.describe() for r in left)} (SIGTERM, SIGKILL after {self.kill_timeout:g}s)")
+            stop_groups([r.proc.pid for r in left], self.kill_timeout,
+                        hurry=lambda: len(self.signals.received) != seen)
+        for r in self.ranks:
+            try:
+                r.proc.wait(timeout=5.0)  # reaped only now: see wait_unreaped
+            except subprocess.TimeoutExpired:
+                pass
+            self.watchdog.forget(r.proc.pid)
 
     def run(self) -> int:
         """0, the first failed rank's exit status, or 128+signal for a signal to the launcher."""
@@ -452,16 +477,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     out = Output(prefix=not opts.no_prefix)
     signals = Signals()  # before any rank starts, so no signal falls between the cracks
+    # Stops the ranks should this process be killed without a chance to (SIGKILL, the OOM killer).
+    watchdog = Watchdog(opts.kill_timeout, f"[launch] the launcher (pid {os.getpid()})")
     try:
-        return _launch(opts, out, signals)
+        return _launch(opts, out, signals, watchdog)
     except LaunchError as e:
         out.log(f"error: {e}")
         return 1
     finally:
+        watchdog.close()
         out.close()
 
 
-def _launch(opts: argparse.Namespace, out: Output, signals: Signals) -> int:
+def _launch(opts: argparse.Namespace, out: Output, signals: Signals, watchdog: Watchdog) -> int:
     n, m, node = opts.nproc_per_node, opts.nnodes, opts.node_rank
     addr, port, explicit = master_endpoint(opts)
     if m > 1 and (addr in ("localhost", "::1") or addr.startswith("127.")):
@@ -482,8 +510,11 @@ def _launch(opts: argparse.Namespace, out: Output, signals: Signals) -> int:
         out.log(f"INFO: ranks {first}..{first + n - 1} of world size {m * n} (node {node} of {m}), "
                 f"master {addr}:{port}, job id {job_id}, restart {attempt}; command: {_quote(opts.command)}")
         group = Group([(first + i, i, opts.command, rank_env(opts, i, addr, port, job_id, attempt))
-                       for i in range(n)], out, signals, opts.kill_timeout)
-        status = group.run()
+                       for i in range(n)], out, signals, opts.kill_timeout, watchdog)
+        try:
+            status = group.run()
+        finally:
+            group.sweep()
         group.join_output(timeout=2.0)
         if signals.received:  # the user's Ctrl-C/SIGTERM, even one during a failure, never restarts
             return 128 + signals.received[0]

@@ -24,6 +24,8 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
+from .._procgroup import Watchdog, stop_groups, wait_unreaped
+
 _GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL for the ranks that are still running
 
 
@@ -37,6 +39,8 @@ class SpawnError(RuntimeError):
 
 
 def _run_rank(fn: Callable, local_rank: int, args: Sequence[Any], results) -> None:
+    if hasattr(os, "setsid"):
+        os.setsid()  # a process group of its own: what the rank starts is stopped with it (see _stop)
     try:
         value = fn(local_rank, *args)
     except BaseException:  # noqa: BLE001 - a rank's failure, whatever it is, goes to the parent
@@ -90,6 +94,8 @@ def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: in
     results = context.SimpleQueue()
     processes = []
     saved = dict(os.environ)
+    # Stops the ranks should this process be killed without a chance to (SIGKILL, the OOM killer).
+    watchdog = Watchdog(_GRACE_SECONDS, f"[spawn] the process that called spawn() (pid {os.getpid()})")
     try:
         for local_rank in range(nprocs):
             # A spawned interpreter inherits os.environ as it is at start(): set this rank's, then restore.
@@ -101,13 +107,18 @@ def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: in
                                 name=f"pycyxwiz-rank-{local_rank}", daemon=False)
             p.start()
             processes.append(p)
+            watchdog.watch(p.pid)
     except BaseException:
         _stop(processes)
+        watchdog.close()
         raise
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    return _join(processes, results, timeout)
+    try:
+        return _join(processes, results, timeout)
+    finally:
+        watchdog.close()
 
 
 def _join(processes: list, results, timeout: Optional[float]) -> list:
@@ -124,20 +135,19 @@ def _join(processes: list, results, timeout: Optional[float]) -> list:
                 (values if ok else errors)[local_rank] = payload
             for sentinel in ready:
                 local_rank, p = running.pop(sentinel)
-                p.join()
+                exit_code = wait_unreaped(p.pid, lambda p=p: (p.join(), p.exitcode)[1])
                 while not results.empty():  # what it sent just before it exited
                     r, ok, payload = results.get()
                     (values if ok else errors)[r] = payload
-                if p.exitcode != 0 or local_rank in errors:
-                    raise _failure(local_rank, p.exitcode, errors.get(local_rank))
+                if exit_code != 0 or local_rank in errors:
+                    raise _failure(local_rank, exit_code, errors.get(local_rank))
             if deadline is not None and time.monotonic() >= deadline and running:
                 still = sorted(r for r, _ in running.values())
                 raise SpawnError(f"spawn: ranks {still} still running after the timeout of {timeout} s; stopped them. "
                                  f"A rank that waits on a dead or missing peer should fail by itself within "
                                  f"DISTRIBUTED_TIMEOUT_MS: raise timeout, or check what the ranks wait for")
-    except BaseException:
-        _stop(processes)
-        raise
+    finally:
+        _stop(processes)  # also after success: what the ranks started and left running
     missing = [r for r in range(len(processes)) if r not in values]
     if missing:
         raise SpawnError(f"spawn: ranks {missing} exited without returning (os._exit?)")
@@ -155,7 +165,10 @@ def _failure(local_rank: int, exit_code: Optional[int], trace: Optional[str]) ->
 
 
 def _stop(processes: list) -> None:
-    """SIGTERM to every rank still running, SIGKILL to those that outlive the grace period."""
+    """SIGTERM to every rank's process group (what ranks that exited left running too), SIGKILL to
+    what outlives the grace period; then the same to ranks not yet in a group of their own."""
+    if hasattr(os, "killpg"):
+        stop_groups([p.pid for p in processes], _GRACE_SECONDS)
     for p in processes:
         if p.is_alive():
             p.terminate()
