@@ -2,6 +2,7 @@
 last reduce-scatter / first all-gather step) must never wait for a peer that waits for it."""
 
 import json
+import re
 
 STRESS = """
 import json, numpy as np, pycyxwiz as cx
@@ -59,8 +60,13 @@ cx.distributed.finalize()
 
 def test_eight_ranks_small_messages_take_recursive_doubling_and_agree(ranks):
     # Eight ranks (a power of two) open butterfly links; small all-reduces combine in log2(8) rounds.
-    res = ranks.run(SMALL_EIGHT, 8, timeout=110)
+    # At debug level the backend names the algorithm the first time it takes each one: every rank
+    # must have taken recursive doubling, first for the first size, and never another algorithm.
+    res = ranks.run(SMALL_EIGHT, 8, timeout=110, env={"CYXWIZ_LOG_LEVEL": "debug"})
     assert all(r.rc == 0 for r in res), ranks.report(res)
     outs = [json.loads(r.out.strip().splitlines()[-1]) for r in res]
     assert all(ok for rank_out in outs for _, _, ok, _ in rank_out), outs[0]
     assert all(o == outs[0] for o in outs), "ranks ended with different bits"
+    for r in res:
+        taken = re.findall(r"DEBUG: all_reduce: (.*) \(logged at the first use", r.err)
+        assert taken == ["recursive doubling for 1 float32 over 8 ranks"], f"rank {r.rank}: {taken}\n{r.err}"

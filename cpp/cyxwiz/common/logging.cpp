@@ -52,8 +52,10 @@ std::string rankPrefix() {
   return makeString("[rank ", gRank, "/", gWorld, "] ");
 }
 
+bool logEnabled(LogLevel level) { return level >= threshold(); }
+
 void log(LogLevel level, const std::string& message) {
-  if (level < threshold()) return;
+  if (!logEnabled(level)) return;
   const char* name = level == LogLevel::Warning ? "WARNING" : level >= LogLevel::Info ? "INFO" : "DEBUG";
   std::lock_guard<std::mutex> lock(gMutex);
   if (gRank >= 0) {

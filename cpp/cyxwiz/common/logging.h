@@ -17,6 +17,8 @@ std::string rankPrefix();
 
 // CYXWIZ_LOG_LEVEL=debug|info|warning decides what is printed; by default warnings and notices.
 void log(LogLevel level, const std::string& message);
+// Whether `level` is printed: check it before building a message on a hot path.
+bool logEnabled(LogLevel level);
 inline void logWarning(const std::string& message) { log(LogLevel::Warning, message); }
 inline void logNotice(const std::string& message) { log(LogLevel::Notice, message); }
 inline void logInfo(const std::string& message) { log(LogLevel::Info, message); }

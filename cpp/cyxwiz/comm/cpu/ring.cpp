@@ -1,17 +1,31 @@
 #include "cyxwiz/comm/cpu/ring.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
 #include "cyxwiz/comm/reduce.h"
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
 
 namespace cyxwiz::comm {
 
 namespace {
 
 iovec span(const void* p, size_t n) { return {const_cast<void*>(p), n}; }
+
+enum Algorithm { kRecursiveDoubling, kGather, kRing, kAlgorithms };
+
+// CYXWIZ_LOG_LEVEL=debug names the algorithm all_reduce takes, the first time it takes each one
+// (not at every call: a training loop makes thousands). Otherwise a load and a level check.
+void noteAlgorithm(Algorithm a, size_t count, DType dtype, int ranks) {
+  static std::atomic<bool> said[kAlgorithms];
+  if (said[a].load(std::memory_order_relaxed) || !logEnabled(LogLevel::Debug) || said[a].exchange(true)) return;
+  static const char* const names[kAlgorithms] = {"recursive doubling", "gather", "ring"};
+  logDebug(makeString("all_reduce: ", names[a], " for ", count, " ", dtypeName(dtype), " over ", ranks,
+                      " ranks (logged at the first use of each algorithm)"));
+}
 
 }  // namespace
 
@@ -89,8 +103,12 @@ void Ring::allReduce(void* data, size_t count, DType dtype, ReduceOp op) {
   if (size_ == 1) return;
   const size_t esz = itemSize(dtype), bytes = count * esz;
   auto* d = static_cast<uint8_t*>(data);
-  if (bytes <= kSmallBytes && partners_ != nullptr && !partners_->empty()) return recursiveDoubling(d, count, dtype, op);
+  if (bytes <= kSmallBytes && partners_ != nullptr && !partners_->empty()) {
+    noteAlgorithm(kRecursiveDoubling, count, dtype, size_);
+    return recursiveDoubling(d, count, dtype, op);
+  }
   if (bytes * static_cast<size_t>(size_ - 1) <= kSmallBytes || count < static_cast<size_t>(size_)) {
+    noteAlgorithm(kGather, count, dtype, size_);
     scratch_.resize(bytes * static_cast<size_t>(size_));
     std::memcpy(scratch_.data() + static_cast<size_t>(rank_) * bytes, d, bytes);
     gatherBlocks(scratch_.data(), bytes);
@@ -100,6 +118,7 @@ void Ring::allReduce(void* data, size_t count, DType dtype, ReduceOp op) {
     if (op == ReduceOp::Avg) finishAverage(d, count, dtype, size_);
     return;
   }
+  noteAlgorithm(kRing, count, dtype, size_);
   // Slices small enough that what a step sends, receives and reduces stays in cache.
   const size_t slice = std::max<size_t>(sliceBytes_ / esz, static_cast<size_t>(size_));
   scratch_.resize(partBegin(std::min(count, slice), size_, 1) * esz);  // the largest chunk
