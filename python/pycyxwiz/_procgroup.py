@@ -98,8 +98,11 @@ class Watchdog:
             return
         # Its own session: a Ctrl-C or a kill of the parent's process group leaves it to do its job.
         # stdin is the only pipe; its write end is ours alone (not inheritable), so EOF means we are gone.
-        self._proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), f"{grace:g}", who],
-                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), f"{grace:g}", who],
+                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError:  # no process to spare: the parent still stops its ranks itself, as before
+            self._proc = None
 
     def _send(self, line: str) -> None:
         if self._proc is None or self._proc.stdin is None:
@@ -108,7 +111,11 @@ class Watchdog:
             self._proc.stdin.write(line.encode() + b"\n")
             self._proc.stdin.flush()
         except (OSError, ValueError):  # the watchdog died: the parent still stops its ranks itself
-            self._proc.stdin = None
+            stdin, self._proc.stdin = self._proc.stdin, None
+            try:
+                stdin.close()
+            except OSError:
+                pass
 
     def watch(self, pgid: int) -> None:
         self._send(f"+{pgid}")
