@@ -379,6 +379,8 @@ def test_ranks_and_their_children_end_when_the_launcher_is_killed(tmp_path):
             time.sleep(0.05)
         left = [pid for pid in ours if _alive(pid, tmp_path)]
         assert not left, f"ranks and their children (pids {left}) outlived the SIGKILLed launcher by 3 s"
+        stderr = proc.communicate(timeout=10)[1].decode()
+        assert f"[launch] the launcher (pid {proc.pid}) died: stopping the process groups" in stderr, stderr
     finally:
         kill_pids(child_pids(tmp_path), tmp_path)
         kill_leftovers(proc, tmp_path)

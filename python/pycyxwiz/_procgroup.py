@@ -155,7 +155,7 @@ def _watch(grace: float, who: str) -> None:
                 groups.pop(int(word[1:]), None)
     alive = [g for g in groups if group_alive(g)]
     if alive:
-        sys.stderr.write(f"[launch] {who} died: stopping the process groups {alive} of its ranks "
+        sys.stderr.write(f"{who} died: stopping the process groups {alive} of its ranks "
                          f"(SIGTERM, SIGKILL after {grace:g}s)\n")
         sys.stderr.flush()
         stop_groups(alive, grace)
