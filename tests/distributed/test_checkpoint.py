@@ -442,3 +442,67 @@ def test_checkpoint_of_another_architecture_raises_value_error(ranks):
         if rep["sum"] != [2.0] * 3:
             problems.append(f"rank {r}: all_reduce after the errors gave {rep['sum']}")
     assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------- hostile checkpoint files
+
+HOSTILE = PRELUDE + r'''
+import resource, struct, zlib
+D.init()                        # a world of one
+CASE = os.environ["CASE"]
+d = 1024
+cx.manual_seed(0)
+model = cx.SequentialModel()
+model.add(cx.LinearModule(d, d, bias=False))
+trainer = D.DistributedTrainer(model, cx.CrossEntropyLoss(), cx.SGDOptimizer(0.1))
+good = HERE / "good.ckpt"
+trainer.save_checkpoint(str(good))
+raw = good.read_bytes()
+payload = raw[24:-4]
+
+def s(text):
+    return struct.pack("<I", len(text)) + text.encode()
+
+layer = (s("LinearModule") + struct.pack("<I", 3) + s("bias") + struct.pack("<d", 0.0) + s("in_features")
+         + struct.pack("<d", d) + s("out_features") + struct.pack("<d", d))
+assert payload.startswith(struct.pack("<I", 1) + layer + struct.pack("<I", 1) + s("0.weight"))
+if CASE == "stacked":           # the model's one layer stacked 4096 times, still one d x d tensor stored
+    payload = struct.pack("<I", 4096) + layer * 4096 + payload[4 + len(layer):]
+else:                           # no history yet: four empty lists; the first now claims 10**7 values
+    assert payload.endswith(struct.pack("<4I", 0, 0, 0, 0))
+    payload = payload[:-16] + struct.pack("<I", 10**7)
+bad = HERE / "bad.ckpt"
+bad.write_bytes(raw[:16] + struct.pack("<Q", len(payload)) + payload + struct.pack("<I", zlib.crc32(payload) & 0xFFFFFFFF))
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith(key + ":"))
+
+limit = status("VmSize") + (512 << 20)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")                # the peak (VmHWM) restarts from the current size
+before = status("VmRSS")
+try:
+    trainer.load_checkpoint(str(bad))
+    res = {"cls": None}
+except BaseException as e:
+    res = {"cls": type(e).__name__, "format": isinstance(e, cx.ModelFormatError), "msg": str(e)}
+res["growth"] = status("VmHWM") - before
+res["size"] = bad.stat().st_size
+dump("hostile", **res)
+'''
+
+
+@pytest.mark.parametrize("case", ["stacked", "history"])
+def test_hostile_checkpoint_is_refused_without_allocating_what_it_claims(ranks, case):
+    # stacked: 4 MiB on disk describing 4096 x LinearModule(1024, 1024), 16 GiB of weights;
+    # history: a list of 10**7 doubles (80 MB) announced with 4 bytes left in the file.
+    run(ranks, HOSTILE, 1, env={**UNSET, "CASE": case}, timeout=90)
+    [rep] = outputs(ranks.tmp_path, "hostile", 1)
+    assert rep["cls"] is not None and rep["format"], f"expected cx.ModelFormatError, got {rep}"
+    assert rep["growth"] < 3 * rep["size"] + (16 << 20), \
+        f"peak memory rose by {rep['growth'] >> 20} MiB for a {rep['size'] >> 20} MiB file"
+    assert "bad.ckpt" in rep["msg"]
+    assert ("parameter tensors" if case == "stacked" else "history length 10000000") in rep["msg"], rep["msg"]
+

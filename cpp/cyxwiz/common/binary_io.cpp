@@ -57,6 +57,7 @@ double ByteReader::f64() { double v; raw(&v, 8); return v; }
 std::string ByteReader::str() {
   uint32_t n = u32();
   if (n > kMaxStringSize) fail(makeString("string length ", n, " is implausible"));
+  if (n > remaining()) fail(makeString("string of ", n, " bytes runs past the end of the data"));
   std::string s(n, '\0');
   raw(s.data(), n);
   return s;
@@ -79,6 +80,16 @@ Tensor ByteReader::tensor() {
   Tensor t = Tensor::empty(shape, dtype);
   raw(t.rawData(), t.nbytes());
   return t;
+}
+
+uint32_t ByteReader::count(const std::string& what, size_t minBytesEach, uint32_t max) {
+  uint32_t n = u32();
+  if (n > max) fail(makeString(what, " ", n, " is implausible (at most ", max, ")"));
+  if (uint64_t(n) * minBytesEach > remaining()) {
+    fail(makeString(what, " ", n, " runs past the end of the data (at least ", uint64_t(n) * minBytesEach, " bytes, ",
+                    remaining(), " left)"));
+  }
+  return n;
 }
 
 void writeContainer(const std::string& path, const FileKind& kind, const std::vector<uint8_t>& payload) {

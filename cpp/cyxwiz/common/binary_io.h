@@ -4,7 +4,8 @@
 //
 // All integers little-endian. Writes go to "<path>.tmp.<pid>.<n>" then rename(), so a crash never
 // leaves half a file under the real name. Reads check magic, version, size and checksum before
-// a single payload byte is interpreted, and ByteReader bounds-checks every field after that.
+// a single payload byte is interpreted, and ByteReader bounds-checks every field after that: no
+// length read from a file allocates more than the bytes that are left.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,10 @@ class ByteReader {
   double f64();
   std::string str();
   Tensor tensor();
+  // A count of items that take at least `minBytesEach` bytes each: fails (naming `what`) when more
+  // than `max` or more than the bytes left could hold, so a container of `count` items is safe to size.
+  uint32_t count(const std::string& what, size_t minBytesEach, uint32_t max);
+  size_t remaining() const { return bytes_.size() - pos_; }
   bool atEnd() const { return pos_ == bytes_.size(); }
   [[noreturn]] void fail(const std::string& problem) const;
 

@@ -19,11 +19,44 @@ void writeDoubles(ByteWriter& out, const std::vector<double>& v) {
 }
 
 std::vector<double> readDoubles(ByteReader& in) {
-  uint32_t n = in.u32();
-  if (n > 10000000) in.fail(makeString("history length ", n, " is implausible"));
-  std::vector<double> v(n);
+  std::vector<double> v(in.count("history length", 8, 10000000));
   for (double& x : v) x = in.f64();
   return v;
+}
+
+struct Decoded {
+  std::shared_ptr<nn::SequentialModel> model;
+  TrainingState state;
+};
+
+// Everything in the file, checked, without touching the caller's model.
+Decoded decode(const std::vector<uint8_t>& payload, const std::string& what) {
+  ByteReader in(payload, what);
+  Decoded d;
+  d.model = nn::decodeModel(in);
+  TrainingState& state = d.state;
+  state.optimizerType = in.str();
+  uint32_t nscalars = in.count("optimizer scalar count", 12, 1000);
+  for (uint32_t i = 0; i < nscalars; ++i) {
+    std::string key = in.str();
+    state.optimizer.scalars[key] = in.f64();
+  }
+  uint32_t ntensors = in.count("optimizer buffer count", 13, 100000);
+  for (uint32_t i = 0; i < ntensors; ++i) {
+    std::string key = in.str();
+    state.optimizer.tensors[key] = in.tensor();
+  }
+  state.epoch = in.i64();
+  if (state.epoch < 0) in.fail(makeString("epoch ", state.epoch, " is negative"));
+  state.worldSize = static_cast<int>(in.u32());
+  uint32_t nrng = in.count("RNG state count", 4, 1000000);
+  for (uint32_t i = 0; i < nrng; ++i) state.rngStates.push_back(in.str());
+  state.history.trainLosses = readDoubles(in);
+  state.history.trainAccuracies = readDoubles(in);
+  state.history.valLosses = readDoubles(in);
+  state.history.valAccuracies = readDoubles(in);
+  if (!in.atEnd()) in.fail("unexpected bytes after the training history");
+  return d;
 }
 
 }  // namespace
@@ -55,38 +88,13 @@ std::vector<uint8_t> encodeCheckpoint(const nn::SequentialModel& model, const Tr
 }
 
 TrainingState decodeCheckpoint(const std::vector<uint8_t>& payload, const std::string& what, nn::SequentialModel& model) {
-  ByteReader in(payload, what);
+  Decoded d = decode(payload, what);
   try {
-    nn::decodeWeightsInto(in, model);
+    nn::copyWeights(*d.model, model);  // last: a file that fails anywhere leaves the model as it was
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(makeString(what, ": ", e.what()));
   }
-  TrainingState state;
-  state.optimizerType = in.str();
-  uint32_t nscalars = in.u32();
-  if (nscalars > 1000) in.fail(makeString("optimizer scalar count ", nscalars, " is implausible"));
-  for (uint32_t i = 0; i < nscalars; ++i) {
-    std::string key = in.str();
-    state.optimizer.scalars[key] = in.f64();
-  }
-  uint32_t ntensors = in.u32();
-  if (ntensors > 100000) in.fail(makeString("optimizer buffer count ", ntensors, " is implausible"));
-  for (uint32_t i = 0; i < ntensors; ++i) {
-    std::string key = in.str();
-    state.optimizer.tensors[key] = in.tensor();
-  }
-  state.epoch = in.i64();
-  if (state.epoch < 0) in.fail(makeString("epoch ", state.epoch, " is negative"));
-  state.worldSize = static_cast<int>(in.u32());
-  uint32_t nrng = in.u32();
-  if (nrng > 1000000) in.fail(makeString("RNG state count ", nrng, " is implausible"));
-  for (uint32_t i = 0; i < nrng; ++i) state.rngStates.push_back(in.str());
-  state.history.trainLosses = readDoubles(in);
-  state.history.trainAccuracies = readDoubles(in);
-  state.history.valLosses = readDoubles(in);
-  state.history.valAccuracies = readDoubles(in);
-  if (!in.atEnd()) in.fail("unexpected bytes after the training history");
-  return state;
+  return d.state;
 }
 
 std::string checkpointFileName(int64_t epoch, int rank) {
