@@ -10,6 +10,7 @@ Payload (cpp/cyxwiz/nn/model_file.h):
 """
 
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -350,6 +351,78 @@ def test_concurrent_saves_to_one_path_are_atomic(tmp_path):
     assert errors == [], f"{len(errors)} saves failed, first: {errors[0]}"
     assert corrupt == [], f"{len(corrupt)} published files were corrupt, first: {corrupt[0]}"
     assert os.listdir(tmp_path) == ["m.cyxmodel"]
+
+
+def dead_pid():
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=60)
+    return int(proc.stdout)
+
+
+HOLD = textwrap.dedent(
+    """
+    import fcntl, sys
+    files = [open(p, "rb+") for p in sys.argv[1:]]
+    for f in files:
+        fcntl.flock(f, fcntl.LOCK_EX)
+    print("holding", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_save_removes_temporary_files_of_dead_writers_only(tmp_path):
+    whole = saved(tmp_path, every_layer_model(), "source.cyxmodel").read_bytes()
+    dead = dead_pid()
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    holder = None
+    try:
+        left_by_crashes = {
+            f"m.cyxmodel.tmp.{dead}.0": whole[:len(whole) // 2],   # killed in the middle of its write
+            f"other.cyxmodel.tmp.{dead}.7": b"",                   # killed before its first buffer was flushed
+        }
+        not_ours_to_remove = {
+            f"m.cyxmodel.tmp.{live.pid}.0": whole[:100],           # a live writer's
+            f"locked.cyxmodel.tmp.{dead}.1": whole[:200],          # locked: a writer on another host
+            f"notes.tmp.{dead}.2": b"another program's file\n",    # not a pycyxwiz model
+            f"m.cyxmodel.tmp.{dead}": whole[:50],                  # not the writer's name pattern
+        }
+        for name, data in {**left_by_crashes, **not_ours_to_remove}.items():
+            (tmp_path / name).write_bytes(data)
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / f"locked.cyxmodel.tmp.{dead}.1")],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "holding"
+        model = every_layer_model(seed=3)
+        model.save(str(tmp_path / "m.cyxmodel"))
+        assert sorted(os.listdir(tmp_path)) == sorted(["source.cyxmodel", "m.cyxmodel", *not_ours_to_remove])
+        for name, data in not_ours_to_remove.items():
+            assert (tmp_path / name).read_bytes() == data, name
+        loaded = cx.SequentialModel.load(str(tmp_path / "m.cyxmodel"))
+        assert all(np.array_equal(a, b) for a, b in zip(loaded.parameters(), model.parameters()))
+    finally:
+        for p in (live, holder):
+            if p is not None:
+                p.kill()
+                p.communicate(timeout=30)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="observing fsync needs strace")
+def test_save_syncs_the_directory_after_the_rename(tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    target = folder / "m.cyxmodel"
+    trace = tmp_path / "trace"
+    script = "import sys, pycyxwiz as cx; m = cx.SequentialModel(); m.add(cx.LinearModule(3, 2)); m.save(sys.argv[1])"
+    proc = subprocess.run(["strace", "-f", "-y", "-o", str(trace), "-e", "trace=fsync,fdatasync,rename,renameat,renameat2",
+                           sys.executable, "-c", script, str(target)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = [line for line in trace.read_text().splitlines() if str(folder) in line]
+    renamed = [i for i, line in enumerate(calls) if "rename" in line and line.rstrip().endswith("= 0")]
+    file_synced = [i for i, line in enumerate(calls) if "sync(" in line and ".tmp." in line]
+    dir_synced = [i for i, line in enumerate(calls) if "sync(" in line and f"<{folder}>" in line]
+    assert len(renamed) == 1 and file_synced and dir_synced, "\n".join(calls)
+    assert file_synced[0] < renamed[0] < dir_synced[0], "\n".join(calls)
 
 
 # --------------------------------------------------------------------------------------- bad files
