@@ -506,3 +506,78 @@ def test_hostile_checkpoint_is_refused_without_allocating_what_it_claims(ranks, 
     assert "bad.ckpt" in rep["msg"]
     assert ("parameter tensors" if case == "stacked" else "history length 10000000") in rep["msg"], rep["msg"]
 
+
+# ------------------------------------------------------------- "latest" skips damaged checkpoints
+
+LATEST_DAMAGED = PRELUDE + r'''
+import shutil, subprocess
+D.init()
+X, y = blobs(200, seed=1)
+ck, all_bad = HERE / "ck", HERE / "all_bad"
+common = dict(batch_size=16, shuffle=True, seed=3, checkpoint_every_n_epochs=1)
+
+def trainer_for(seed):
+    model = build(seed=seed)
+    return model, D.DistributedTrainer(model, cx.CrossEntropyLoss(), cx.AdamOptimizer(0.01))
+
+def flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+model, trainer = trainer_for(0)
+first = trainer.fit(X, y, config(epochs=4, checkpoint_dir=str(ck), **common))
+if RANK == 0:
+    shutil.copytree(ck, all_bad)
+    flip(ck / "checkpoint_epoch_0004.ckpt")                       # a bad sector
+    three = ck / "checkpoint_epoch_0003.ckpt"
+    three.write_bytes(three.read_bytes()[:1000])                   # cut short
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    (ck / f"checkpoint_epoch_0004.ckpt.tmp.{dead}.0").write_bytes(b"CYXCKPT1")   # a writer that died
+    for p in all_bad.iterdir():
+        flip(p)
+D.barrier()
+model, trainer = trainer_for(7)
+resumed = trainer.fit(X, y, config(epochs=5, checkpoint_dir=str(ck), resume_from_checkpoint="latest", **common))
+res = {"first": hist(first), "resumed": hist(resumed)}
+model, trainer = trainer_for(7)
+t0 = time.monotonic()
+try:
+    trainer.fit(X, y, config(epochs=5, checkpoint_dir=str(all_bad), resume_from_checkpoint="latest", **common))
+    res["all_bad"] = {"cls": None}
+except Exception as e:
+    res["all_bad"] = {"cls": type(e).__name__, "format": isinstance(e, cx.ModelFormatError), "msg": str(e),
+                      "elapsed": time.monotonic() - t0}
+x = np.full(2, RANK + 1.0, np.float32)
+D.all_reduce(x)                 # the job still works after the error
+res["sum"] = x.tolist()
+dump("latest_damaged", **res)
+'''
+
+
+def test_resume_latest_falls_back_to_the_newest_checkpoint_that_decodes(ranks):
+    results = run(ranks, LATEST_DAMAGED, 2, env={"CYXWIZ_LOG_LEVEL": "warning"}, timeout=90)
+    reports = outputs(ranks.tmp_path, "latest_damaged", 2)
+    assert_same(reports, "resumed")
+    first, resumed = reports[0]["first"], reports[0]["resumed"]
+    assert resumed["start_epoch"] == 2, f"resumed after epoch {resumed['start_epoch']}, expected 2"
+    # epochs 1-2 come from checkpoint 2 and epoch 3 retrains from it: the same as the first run's
+    for key in ("train_losses", "train_accuracies"):
+        assert resumed[key][:3] == first[key][:3], f"{key}: {resumed[key]} vs {first[key]}"
+    assert len(resumed["train_losses"]) == 5
+    warning = results[0].err
+    for bad in ("checkpoint_epoch_0004.ckpt", "checkpoint_epoch_0003.ckpt"):
+        assert bad in warning, f"rank 0's warnings do not name {bad}:\n{warning}"
+    assert "checkpoint_epoch_0002.ckpt" in warning, warning
+    # the run rewrote epochs 3-5 over the damaged files; the dead writer's temporary file is gone
+    assert [m.group(1) for m in map(CKPT.fullmatch, listing(ranks.tmp_path / "ck")) if m] == \
+        ["0001", "0002", "0003", "0004", "0005"], listing(ranks.tmp_path / "ck")
+    assert leftovers(ranks.tmp_path) == []
+    for r, rep in enumerate(reports):
+        e = rep["all_bad"]
+        assert e["cls"] is not None and e["format"], f"rank {r}: expected cx.ModelFormatError, got {e}"
+        for epoch in range(1, 5):
+            assert f"checkpoint_epoch_{epoch:04d}.ckpt" in e["msg"], f"rank {r}: {e['msg']}"
+        assert e["elapsed"] < 10
+        assert rep["sum"] == [3.0, 3.0]

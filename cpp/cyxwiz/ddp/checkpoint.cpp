@@ -1,10 +1,13 @@
 #include "cyxwiz/ddp/checkpoint.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <regex>
+#include <tuple>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
 #include "cyxwiz/nn/model_file.h"
 
 namespace cyxwiz::ddp {
@@ -107,25 +110,55 @@ std::string checkpointFileName(int64_t epoch, int rank) {
   return name;
 }
 
-std::string latestCheckpoint(const std::string& dir) {
+namespace {
+
+// The checkpoints in `dir` by epoch, newest first; at equal epochs the shared file, then rank 0's own.
+std::vector<std::string> checkpointsNewestFirst(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return "";
+  if (!fs::is_directory(dir, ec)) return {};
   static const std::regex pattern(R"(checkpoint_epoch_(\d+)(\.rank0)?\.ckpt)");
-  std::string best;
-  long long bestEpoch = -1;
+  std::vector<std::tuple<long long, bool, std::string>> found;  // epoch, shared file, path
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     std::string name = entry.path().filename().string();
-    if (!std::regex_match(name, m, pattern)) continue;
-    long long epoch = std::stoll(m[1].str());
-    // At equal epochs prefer the shared file over rank 0's own.
-    if (epoch > bestEpoch || (epoch == bestEpoch && !m[2].matched)) {
-      bestEpoch = epoch;
-      best = entry.path().string();
+    if (!std::regex_match(name, m, pattern) || m[1].length() > 15) continue;
+    found.emplace_back(std::stoll(m[1].str()), !m[2].matched, entry.path().string());
+  }
+  // At equal epochs the shared file comes before rank 0's own.
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
+  std::vector<std::string> paths;
+  for (const auto& f : found) paths.push_back(std::get<2>(f));
+  return paths;
+}
+
+}  // namespace
+
+std::string latestCheckpoint(const std::string& dir) {
+  std::vector<std::string> candidates = checkpointsNewestFirst(dir);
+  std::string problems;
+  auto skip = [&](const Error& e) {  // e names the file
+    logWarning(makeString(e.what(), "; resume_from_checkpoint=\"latest\" tries the next older checkpoint"));
+    problems += makeString("\n  ", e.what());
+  };
+  for (const std::string& path : candidates) {
+    try {
+      decode(readContainer(path, kCheckpointFileKind), makeString(kCheckpointFileKind.name, " file '", path, "'"));
+      if (!problems.empty()) {
+        logWarning(makeString("resume_from_checkpoint=\"latest\": resuming from '", path,
+                              "', the newest checkpoint in '", dir, "' that decodes"));
+      }
+      return path;
+    } catch (const FileFormatError& e) {  // damaged
+      skip(e);
+    } catch (const IoError& e) {  // unreadable
+      skip(e);
     }
   }
-  return best;
+  if (candidates.empty()) return "";
+  throw FileFormatError(makeString("resume_from_checkpoint=\"latest\": none of the ", candidates.size(),
+                                   " checkpoints in '", dir, "' decodes:", problems,
+                                   "\nrepair or remove them, or leave resume_from_checkpoint empty to start from epoch 1"));
 }
 
 }  // namespace cyxwiz::ddp
