@@ -10,6 +10,7 @@ Payload (cpp/cyxwiz/nn/model_file.h):
 """
 
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -352,6 +353,78 @@ def test_concurrent_saves_to_one_path_are_atomic(tmp_path):
     assert os.listdir(tmp_path) == ["m.cyxmodel"]
 
 
+def dead_pid():
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=60)
+    return int(proc.stdout)
+
+
+HOLD = textwrap.dedent(
+    """
+    import fcntl, sys
+    files = [open(p, "rb+") for p in sys.argv[1:]]
+    for f in files:
+        fcntl.flock(f, fcntl.LOCK_EX)
+    print("holding", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_save_removes_temporary_files_of_dead_writers_only(tmp_path):
+    whole = saved(tmp_path, every_layer_model(), "source.cyxmodel").read_bytes()
+    dead = dead_pid()
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    holder = None
+    try:
+        left_by_crashes = {
+            f"m.cyxmodel.tmp.{dead}.0": whole[:len(whole) // 2],   # killed in the middle of its write
+            f"other.cyxmodel.tmp.{dead}.7": b"",                   # killed before its first buffer was flushed
+        }
+        not_ours_to_remove = {
+            f"m.cyxmodel.tmp.{live.pid}.0": whole[:100],           # a live writer's
+            f"locked.cyxmodel.tmp.{dead}.1": whole[:200],          # locked: a writer on another host
+            f"notes.tmp.{dead}.2": b"another program's file\n",    # not a pycyxwiz model
+            f"m.cyxmodel.tmp.{dead}": whole[:50],                  # not the writer's name pattern
+        }
+        for name, data in {**left_by_crashes, **not_ours_to_remove}.items():
+            (tmp_path / name).write_bytes(data)
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / f"locked.cyxmodel.tmp.{dead}.1")],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "holding"
+        model = every_layer_model(seed=3)
+        model.save(str(tmp_path / "m.cyxmodel"))
+        assert sorted(os.listdir(tmp_path)) == sorted(["source.cyxmodel", "m.cyxmodel", *not_ours_to_remove])
+        for name, data in not_ours_to_remove.items():
+            assert (tmp_path / name).read_bytes() == data, name
+        loaded = cx.SequentialModel.load(str(tmp_path / "m.cyxmodel"))
+        assert all(np.array_equal(a, b) for a, b in zip(loaded.parameters(), model.parameters()))
+    finally:
+        for p in (live, holder):
+            if p is not None:
+                p.kill()
+                p.communicate(timeout=30)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="observing fsync needs strace")
+def test_save_syncs_the_directory_after_the_rename(tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    target = folder / "m.cyxmodel"
+    trace = tmp_path / "trace"
+    script = "import sys, pycyxwiz as cx; m = cx.SequentialModel(); m.add(cx.LinearModule(3, 2)); m.save(sys.argv[1])"
+    proc = subprocess.run(["strace", "-f", "-y", "-o", str(trace), "-e", "trace=fsync,fdatasync,rename,renameat,renameat2",
+                           sys.executable, "-c", script, str(target)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = [line for line in trace.read_text().splitlines() if str(folder) in line]
+    renamed = [i for i, line in enumerate(calls) if "rename" in line and line.rstrip().endswith("= 0")]
+    file_synced = [i for i, line in enumerate(calls) if "sync(" in line and ".tmp." in line]
+    dir_synced = [i for i, line in enumerate(calls) if "sync(" in line and f"<{folder}>" in line]
+    assert len(renamed) == 1 and file_synced and dir_synced, "\n".join(calls)
+    assert file_synced[0] < renamed[0] < dir_synced[0], "\n".join(calls)
+
+
 # --------------------------------------------------------------------------------------- bad files
 
 
@@ -519,7 +592,7 @@ CRAFTED = {
         + layer_bytes("LinearModule", in_features=4.0, out_features=1.0, bias=0.0) + struct.pack("<I", 2)
         + tensor_bytes("0.weight", np.ones((3, 2), np.float32)) + tensor_bytes("1.weight", np.ones((1, 4), np.float32)),
         "cannot follow"),
-    "no-weights-stored": (struct.pack("<I", 1) + LINEAR_2_1 + struct.pack("<I", 0), "needs more parameters than the file stores"),
+    "no-weights-stored": (struct.pack("<I", 1) + LINEAR_2_1 + struct.pack("<I", 0), "but the file stores 0 tensors of 0 values"),
     "tensor-count": (struct.pack("<I", 1) + LINEAR_2_1 + struct.pack("<I", 2) + tensor_bytes("0.weight", W21)
                      + tensor_bytes("0.bias", np.ones(1, np.float32)), "parameter tensors"),
     "tensor-name": (struct.pack("<I", 1) + LINEAR_2_1 + struct.pack("<I", 1) + tensor_bytes("0.bias", W21),
@@ -538,7 +611,8 @@ CRAFTED = {
                   + struct.pack("<BIqq", 0, 2, 1 << 40, 1 << 40), "implausible"),
     "negative-dim": (struct.pack("<I", 1) + LINEAR_2_1 + struct.pack("<I", 1) + s("0.weight")
                      + struct.pack("<BIqq", 0, 2, -1, 2), "implausible"),
-    "huge-string": (struct.pack("<I", 1) + struct.pack("<I", 0xFFFFFFFF), "string length"),
+    "huge-string": (struct.pack("<I", 1) + struct.pack("<I", 0xFFFFFFFF) + bytes(4), "string length"),
+    "string-past-the-end": (struct.pack("<I", 1) + struct.pack("<I", 1000) + bytes(8), "string of 1000 bytes"),
     "huge-layer-count": (struct.pack("<I", 0xFFFFFFFF), "layer count"),
     "cut-inside-layer": (struct.pack("<I", 3) + layer_bytes("ReLUModule"), "past the end"),
     "empty-payload": (b"", "past the end"),
@@ -577,3 +651,82 @@ def test_tiny_file_claiming_a_huge_layer_is_rejected_without_allocating_it(tmp_p
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "FORMATERROR" in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------------- hostile files: bounded memory
+
+# Loads argv[1] under an address-space limit of (what is mapped now + argv[2] MiB) and prints the outcome
+# and how far the peak resident size rose during the load. The peak is VmHWM, reset to the current size
+# first: ru_maxrss cannot be reset and starts with the parent's peak after exec.
+LOAD_UNDER_LIMIT = textwrap.dedent(
+    """
+    import os, resource, sys
+    import numpy as np
+    import pycyxwiz as cx
+
+    def status(key):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) << 10 for line in f if line.startswith(key + ":"))
+
+    limit = status("VmSize") + (int(sys.argv[2]) << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = status("VmRSS")
+    try:
+        cx.SequentialModel.load(sys.argv[1])
+        print("LOADED")
+    except cx.ModelFormatError as e:
+        print("FORMATERROR", e)
+    except BaseException as e:
+        print("OTHER", type(e).__name__, e)
+    print("GROWTH", status("VmHWM") - before)
+    """
+)
+
+
+def load_under_limit(path, headroom_mib):
+    """(outcome line, peak RSS growth in bytes) of loading `path` in a fresh interpreter."""
+    proc = subprocess.run([sys.executable, "-c", LOAD_UNDER_LIMIT, str(path), str(headroom_mib)],
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and len(lines) == 2, \
+        f"the loader died (exit {proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
+    return lines[0], int(lines[1].split()[1])
+
+
+def stacked_linear_file(tmp_path, d, layers):
+    """A real LinearModule(d, d, bias=False) file whose architecture section is rewritten to stack
+    `layers` copies of that layer, still storing the one d x d tensor (checksum fixed)."""
+    raw = saved(tmp_path, build([cx.LinearModule(d, d, bias=False)]), "one.cyxmodel").read_bytes()
+    payload = raw[HEADER:-4]
+    weight = decode_payload(payload)[1][0][1]
+    tensors = struct.pack("<I", 1) + tensor_bytes("0.weight", weight)
+    assert payload.endswith(tensors)       # layer count | one layer | tensor count | 0.weight
+    layer = payload[4:len(payload) - len(tensors)]
+    assert layer == layer_bytes("LinearModule", in_features=float(d), out_features=float(d), bias=0.0)
+    path = tmp_path / "stacked.cyxmodel"
+    path.write_bytes(container(struct.pack("<I", layers) + layer * layers + tensors))
+    return path
+
+
+def test_stacked_layers_sharing_one_stored_tensor_are_refused_within_the_file_size(tmp_path):
+    # 16 MiB on disk, 4096 x LinearModule(2048, 2048) described: 64 GiB of weights (and as much again of
+    # gradients) if the loader built the layers before matching them against what the file stores.
+    d, layers = 2048, 4096
+    path = stacked_linear_file(tmp_path, d, layers)
+    size = path.stat().st_size
+    outcome, growth = load_under_limit(path, 512)
+    assert outcome.startswith("FORMATERROR"), outcome
+    assert str(path) in outcome
+    assert "parameter tensors" in outcome and f"{layers * d * d}" in outcome, outcome
+    assert growth < 3 * size + (16 << 20), f"peak memory rose by {growth >> 20} MiB for a {size >> 20} MiB file"
+
+
+def test_a_count_is_checked_against_the_bytes_left_before_allocating(tmp_path):
+    # 100000 layers announced, none stored: refused before a vector of 100000 layer descriptions exists.
+    path = tmp_path / "count.cyxmodel"
+    path.write_bytes(container(struct.pack("<I", 100000)))
+    outcome, growth = load_under_limit(path, 256)
+    assert growth < (3 << 20), f"peak memory rose by {growth >> 10} KiB for a {path.stat().st_size} byte file"
+    assert outcome.startswith("FORMATERROR") and "layer count 100000" in outcome, outcome

@@ -442,3 +442,142 @@ def test_checkpoint_of_another_architecture_raises_value_error(ranks):
         if rep["sum"] != [2.0] * 3:
             problems.append(f"rank {r}: all_reduce after the errors gave {rep['sum']}")
     assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------- hostile checkpoint files
+
+HOSTILE = PRELUDE + r'''
+import resource, struct, zlib
+D.init()                        # a world of one
+CASE = os.environ["CASE"]
+d = 1024
+cx.manual_seed(0)
+model = cx.SequentialModel()
+model.add(cx.LinearModule(d, d, bias=False))
+trainer = D.DistributedTrainer(model, cx.CrossEntropyLoss(), cx.SGDOptimizer(0.1))
+good = HERE / "good.ckpt"
+trainer.save_checkpoint(str(good))
+raw = good.read_bytes()
+payload = raw[24:-4]
+
+def s(text):
+    return struct.pack("<I", len(text)) + text.encode()
+
+layer = (s("LinearModule") + struct.pack("<I", 3) + s("bias") + struct.pack("<d", 0.0) + s("in_features")
+         + struct.pack("<d", d) + s("out_features") + struct.pack("<d", d))
+assert payload.startswith(struct.pack("<I", 1) + layer + struct.pack("<I", 1) + s("0.weight"))
+if CASE == "stacked":           # the model's one layer stacked 4096 times, still one d x d tensor stored
+    payload = struct.pack("<I", 4096) + layer * 4096 + payload[4 + len(layer):]
+else:                           # no history yet: four empty lists; the first now claims 10**7 values
+    assert payload.endswith(struct.pack("<4I", 0, 0, 0, 0))
+    payload = payload[:-16] + struct.pack("<I", 10**7)
+bad = HERE / "bad.ckpt"
+bad.write_bytes(raw[:16] + struct.pack("<Q", len(payload)) + payload + struct.pack("<I", zlib.crc32(payload) & 0xFFFFFFFF))
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith(key + ":"))
+
+limit = status("VmSize") + (512 << 20)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")                # the peak (VmHWM) restarts from the current size
+before = status("VmRSS")
+try:
+    trainer.load_checkpoint(str(bad))
+    res = {"cls": None}
+except BaseException as e:
+    res = {"cls": type(e).__name__, "format": isinstance(e, cx.ModelFormatError), "msg": str(e)}
+res["growth"] = status("VmHWM") - before
+res["size"] = bad.stat().st_size
+dump("hostile", **res)
+'''
+
+
+@pytest.mark.parametrize("case", ["stacked", "history"])
+def test_hostile_checkpoint_is_refused_without_allocating_what_it_claims(ranks, case):
+    # stacked: 4 MiB on disk describing 4096 x LinearModule(1024, 1024), 16 GiB of weights;
+    # history: a list of 10**7 doubles (80 MB) announced with 4 bytes left in the file.
+    run(ranks, HOSTILE, 1, env={**UNSET, "CASE": case}, timeout=90)
+    [rep] = outputs(ranks.tmp_path, "hostile", 1)
+    assert rep["cls"] is not None and rep["format"], f"expected cx.ModelFormatError, got {rep}"
+    assert rep["growth"] < 3 * rep["size"] + (16 << 20), \
+        f"peak memory rose by {rep['growth'] >> 20} MiB for a {rep['size'] >> 20} MiB file"
+    assert "bad.ckpt" in rep["msg"]
+    assert ("parameter tensors" if case == "stacked" else "history length 10000000") in rep["msg"], rep["msg"]
+
+
+# ------------------------------------------------------------- "latest" skips damaged checkpoints
+
+LATEST_DAMAGED = PRELUDE + r'''
+import shutil, subprocess
+D.init()
+X, y = blobs(200, seed=1)
+ck, all_bad = HERE / "ck", HERE / "all_bad"
+common = dict(batch_size=16, shuffle=True, seed=3, checkpoint_every_n_epochs=1)
+
+def trainer_for(seed):
+    model = build(seed=seed)
+    return model, D.DistributedTrainer(model, cx.CrossEntropyLoss(), cx.AdamOptimizer(0.01))
+
+def flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+model, trainer = trainer_for(0)
+first = trainer.fit(X, y, config(epochs=4, checkpoint_dir=str(ck), **common))
+if RANK == 0:
+    shutil.copytree(ck, all_bad)
+    flip(ck / "checkpoint_epoch_0004.ckpt")                       # a bad sector
+    three = ck / "checkpoint_epoch_0003.ckpt"
+    three.write_bytes(three.read_bytes()[:1000])                   # cut short
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    (ck / f"checkpoint_epoch_0004.ckpt.tmp.{dead}.0").write_bytes(b"CYXCKPT1")   # a writer that died
+    for p in all_bad.iterdir():
+        flip(p)
+D.barrier()
+model, trainer = trainer_for(7)
+resumed = trainer.fit(X, y, config(epochs=5, checkpoint_dir=str(ck), resume_from_checkpoint="latest", **common))
+res = {"first": hist(first), "resumed": hist(resumed)}
+model, trainer = trainer_for(7)
+t0 = time.monotonic()
+try:
+    trainer.fit(X, y, config(epochs=5, checkpoint_dir=str(all_bad), resume_from_checkpoint="latest", **common))
+    res["all_bad"] = {"cls": None}
+except Exception as e:
+    res["all_bad"] = {"cls": type(e).__name__, "format": isinstance(e, cx.ModelFormatError), "msg": str(e),
+                      "elapsed": time.monotonic() - t0}
+x = np.full(2, RANK + 1.0, np.float32)
+D.all_reduce(x)                 # the job still works after the error
+res["sum"] = x.tolist()
+dump("latest_damaged", **res)
+'''
+
+
+def test_resume_latest_falls_back_to_the_newest_checkpoint_that_decodes(ranks):
+    results = run(ranks, LATEST_DAMAGED, 2, env={"CYXWIZ_LOG_LEVEL": "warning"}, timeout=90)
+    reports = outputs(ranks.tmp_path, "latest_damaged", 2)
+    assert_same(reports, "resumed")
+    first, resumed = reports[0]["first"], reports[0]["resumed"]
+    assert resumed["start_epoch"] == 2, f"resumed after epoch {resumed['start_epoch']}, expected 2"
+    # epochs 1-2 come from checkpoint 2 and epoch 3 retrains from it: the same as the first run's
+    for key in ("train_losses", "train_accuracies"):
+        assert resumed[key][:3] == first[key][:3], f"{key}: {resumed[key]} vs {first[key]}"
+    assert len(resumed["train_losses"]) == 5
+    warning = results[0].err
+    for bad in ("checkpoint_epoch_0004.ckpt", "checkpoint_epoch_0003.ckpt"):
+        assert bad in warning, f"rank 0's warnings do not name {bad}:\n{warning}"
+    assert "checkpoint_epoch_0002.ckpt" in warning, warning
+    # the run rewrote epochs 3-5 over the damaged files; the dead writer's temporary file is gone
+    assert [m.group(1) for m in map(CKPT.fullmatch, listing(ranks.tmp_path / "ck")) if m] == \
+        ["0001", "0002", "0003", "0004", "0005"], listing(ranks.tmp_path / "ck")
+    assert leftovers(ranks.tmp_path) == []
+    for r, rep in enumerate(reports):
+        e = rep["all_bad"]
+        assert e["cls"] is not None and e["format"], f"rank {r}: expected cx.ModelFormatError, got {e}"
+        for epoch in range(1, 5):
+            assert f"checkpoint_epoch_{epoch:04d}.ckpt" in e["msg"], f"rank {r}: {e['msg']}"
+        assert e["elapsed"] < 10
+        assert rep["sum"] == [3.0, 3.0]

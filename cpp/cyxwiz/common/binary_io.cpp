@@ -1,12 +1,17 @@
 #include "cyxwiz/common/binary_io.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "cyxwiz/common/crc32.h"
@@ -18,6 +23,66 @@ namespace {
 constexpr size_t kHeaderSize = 8 + 4 + 4 + 8;
 constexpr size_t kMaxStringSize = 1 << 20;
 constexpr uint32_t kMaxRank = 8;
+
+std::string directoryOf(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+// The writer's pid in a temporary file name "<name>.tmp.<pid>.<n>", or -1 for any other name.
+long tempFilePid(const std::string& name) {
+  size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos || at == 0) return -1;
+  std::string rest = name.substr(at + 5);
+  size_t dot = rest.find('.');
+  if (dot == 0 || dot > 9 || dot == std::string::npos || dot + 1 == rest.size()) return -1;
+  for (size_t i = 0; i < rest.size(); ++i) {
+    if (i != dot && !std::isdigit(static_cast<unsigned char>(rest[i]))) return -1;
+  }
+  return std::stol(rest.substr(0, dot));
+}
+
+bool processAlive(long pid) { return pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
+
+// Removes the temporary files of `kind` in `dir` whose writers died mid-write (a crash, a kill): the
+// pid in the name is not a live process here, and no process holds the lock each writer keeps on its
+// file while writing (a writer on another host sharing the directory; flock reaches NFS servers).
+// The content must be a start of this kind's file (empty or the magic), so other programs' files
+// that happen to match the name pattern stay. Best effort: anything unexpected leaves the file.
+void removeDeadWritersFiles(const std::string& dir, const FileKind& kind) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const long pid = tempFilePid(name);
+    if (pid < 0 || processAlive(pid)) continue;
+    const std::string file = it->path().string();
+    // Read-write: NFS grants an exclusive lock only on a descriptor open for writing.
+    int fd = ::open(file.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat info {};
+    char head[8];
+    ssize_t got = 0;
+    if (::fstat(fd, &info) == 0 && S_ISREG(info.st_mode) && ::flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+        (got = ::pread(fd, head, sizeof head, 0)) >= 0 && std::memcmp(head, kind.magic, size_t(got)) == 0) {
+      ::unlink(file.c_str());
+    }
+    ::close(fd);
+  }
+}
+
+// After a rename the directory entry lives only in the page cache until the directory is synced.
+void syncDirectory(const std::string& dir, const std::string& path, const FileKind& kind) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // a directory we may write but not read: the rename stands, unconfirmed on disk
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0 && err != EINVAL && err != ENOTSUP) {  // EINVAL: a file system without directory sync
+    throw IoError(makeString(kind.name, " file '", path, "' was written but syncing its directory failed: ",
+                             std::strerror(err), "; it may not survive a power loss, check the disk"), err);
+  }
+}
+
 }  // namespace
 
 void ByteWriter::raw(const void* data, size_t n) {
@@ -57,6 +122,7 @@ double ByteReader::f64() { double v; raw(&v, 8); return v; }
 std::string ByteReader::str() {
   uint32_t n = u32();
   if (n > kMaxStringSize) fail(makeString("string length ", n, " is implausible"));
+  if (n > remaining()) fail(makeString("string of ", n, " bytes runs past the end of the data"));
   std::string s(n, '\0');
   raw(s.data(), n);
   return s;
@@ -81,6 +147,16 @@ Tensor ByteReader::tensor() {
   return t;
 }
 
+uint32_t ByteReader::count(const std::string& what, size_t minBytesEach, uint32_t max) {
+  uint32_t n = u32();
+  if (n > max) fail(makeString(what, " ", n, " is implausible (at most ", max, ")"));
+  if (uint64_t(n) * minBytesEach > remaining()) {
+    fail(makeString(what, " ", n, " runs past the end of the data (at least ", uint64_t(n) * minBytesEach, " bytes, ",
+                    remaining(), " left)"));
+  }
+  return n;
+}
+
 void writeContainer(const std::string& path, const FileKind& kind, const std::vector<uint8_t>& payload) {
   ByteWriter header;
   header.raw(kind.magic, 8);
@@ -91,13 +167,16 @@ void writeContainer(const std::string& path, const FileKind& kind, const std::ve
 
   // Unique per process and per call, so concurrent saves (threads or ranks) never share a temp file.
   static std::atomic<uint64_t> counter{0};
+  const std::string dir = directoryOf(path);
+  removeDeadWritersFiles(dir, kind);
   std::string tmp = makeString(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  std::FILE* f = std::fopen(tmp.c_str(), "wbe");
   if (!f) {
     int err = errno;
     throw IoError(makeString("cannot write ", kind.name, " file '", path, "': ", std::strerror(err),
                              "; check that the directory exists and is writable"), err);
   }
+  ::flock(::fileno(f), LOCK_EX | LOCK_NB);  // "being written" for cleaners elsewhere; released by fclose
   bool ok = std::fwrite(header.bytes().data(), 1, header.bytes().size(), f) == header.bytes().size() &&
             std::fwrite(payload.data(), 1, payload.size(), f) == payload.size() &&
             std::fwrite(&checksum, 1, 4, f) == 4 && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
@@ -109,6 +188,7 @@ void writeContainer(const std::string& path, const FileKind& kind, const std::ve
     throw IoError(makeString("writing ", kind.name, " file '", path, "' failed: ", std::strerror(err),
                              "; the previous file (if any) is untouched"), err);
   }
+  syncDirectory(dir, path, kind);
 }
 
 std::vector<uint8_t> readContainer(const std::string& path, const FileKind& kind, uint32_t* versionOut) {

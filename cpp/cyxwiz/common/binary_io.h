@@ -2,9 +2,11 @@
 //
 //   magic (8 bytes) | format version (u32) | reserved (u32) | payload size (u64) | payload | crc32(payload) (u32)
 //
-// All integers little-endian. Writes go to "<path>.tmp.<pid>.<n>" then rename(), so a crash never
-// leaves half a file under the real name. Reads check magic, version, size and checksum before
-// a single payload byte is interpreted, and ByteReader bounds-checks every field after that.
+// All integers little-endian. Writes go to "<path>.tmp.<pid>.<n>", are synced, renamed over <path>,
+// and the directory is synced, so a crash never leaves half a file under the real name and a
+// published file survives a power loss. Reads check magic, version, size and checksum before a
+// single payload byte is interpreted, and ByteReader bounds-checks every field after that: no length
+// read from a file allocates more than the bytes that are left.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +44,10 @@ class ByteReader {
   double f64();
   std::string str();
   Tensor tensor();
+  // A count of items that take at least `minBytesEach` bytes each: fails (naming `what`) when more
+  // than `max` or more than the bytes left could hold, so a container of `count` items is safe to size.
+  uint32_t count(const std::string& what, size_t minBytesEach, uint32_t max);
+  size_t remaining() const { return bytes_.size() - pos_; }
   bool atEnd() const { return pos_ == bytes_.size(); }
   [[noreturn]] void fail(const std::string& problem) const;
 
@@ -58,6 +64,8 @@ struct FileKind {
   uint32_t version;     // the newest version this build writes and reads
 };
 
+// Also removes the temporary files of this kind that writers which died (their pid is gone and no
+// process holds their lock) left in the directory.
 void writeContainer(const std::string& path, const FileKind& kind, const std::vector<uint8_t>& payload);
 // Returns the payload; throws IoError (cannot open) or FileFormatError (anything else wrong).
 std::vector<uint8_t> readContainer(const std::string& path, const FileKind& kind, uint32_t* versionOut = nullptr);

@@ -1,10 +1,13 @@
 #include "cyxwiz/ddp/checkpoint.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <regex>
+#include <tuple>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
 #include "cyxwiz/nn/model_file.h"
 
 namespace cyxwiz::ddp {
@@ -19,11 +22,44 @@ void writeDoubles(ByteWriter& out, const std::vector<double>& v) {
 }
 
 std::vector<double> readDoubles(ByteReader& in) {
-  uint32_t n = in.u32();
-  if (n > 10000000) in.fail(makeString("history length ", n, " is implausible"));
-  std::vector<double> v(n);
+  std::vector<double> v(in.count("history length", 8, 10000000));
   for (double& x : v) x = in.f64();
   return v;
+}
+
+struct Decoded {
+  std::shared_ptr<nn::SequentialModel> model;
+  TrainingState state;
+};
+
+// Everything in the file, checked, without touching the caller's model.
+Decoded decode(const std::vector<uint8_t>& payload, const std::string& what) {
+  ByteReader in(payload, what);
+  Decoded d;
+  d.model = nn::decodeModel(in);
+  TrainingState& state = d.state;
+  state.optimizerType = in.str();
+  uint32_t nscalars = in.count("optimizer scalar count", 12, 1000);
+  for (uint32_t i = 0; i < nscalars; ++i) {
+    std::string key = in.str();
+    state.optimizer.scalars[key] = in.f64();
+  }
+  uint32_t ntensors = in.count("optimizer buffer count", 13, 100000);
+  for (uint32_t i = 0; i < ntensors; ++i) {
+    std::string key = in.str();
+    state.optimizer.tensors[key] = in.tensor();
+  }
+  state.epoch = in.i64();
+  if (state.epoch < 0) in.fail(makeString("epoch ", state.epoch, " is negative"));
+  state.worldSize = static_cast<int>(in.u32());
+  uint32_t nrng = in.count("RNG state count", 4, 1000000);
+  for (uint32_t i = 0; i < nrng; ++i) state.rngStates.push_back(in.str());
+  state.history.trainLosses = readDoubles(in);
+  state.history.trainAccuracies = readDoubles(in);
+  state.history.valLosses = readDoubles(in);
+  state.history.valAccuracies = readDoubles(in);
+  if (!in.atEnd()) in.fail("unexpected bytes after the training history");
+  return d;
 }
 
 }  // namespace
@@ -55,38 +91,13 @@ std::vector<uint8_t> encodeCheckpoint(const nn::SequentialModel& model, const Tr
 }
 
 TrainingState decodeCheckpoint(const std::vector<uint8_t>& payload, const std::string& what, nn::SequentialModel& model) {
-  ByteReader in(payload, what);
+  Decoded d = decode(payload, what);
   try {
-    nn::decodeWeightsInto(in, model);
+    nn::copyWeights(*d.model, model);  // last: a file that fails anywhere leaves the model as it was
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(makeString(what, ": ", e.what()));
   }
-  TrainingState state;
-  state.optimizerType = in.str();
-  uint32_t nscalars = in.u32();
-  if (nscalars > 1000) in.fail(makeString("optimizer scalar count ", nscalars, " is implausible"));
-  for (uint32_t i = 0; i < nscalars; ++i) {
-    std::string key = in.str();
-    state.optimizer.scalars[key] = in.f64();
-  }
-  uint32_t ntensors = in.u32();
-  if (ntensors > 100000) in.fail(makeString("optimizer buffer count ", ntensors, " is implausible"));
-  for (uint32_t i = 0; i < ntensors; ++i) {
-    std::string key = in.str();
-    state.optimizer.tensors[key] = in.tensor();
-  }
-  state.epoch = in.i64();
-  if (state.epoch < 0) in.fail(makeString("epoch ", state.epoch, " is negative"));
-  state.worldSize = static_cast<int>(in.u32());
-  uint32_t nrng = in.u32();
-  if (nrng > 1000000) in.fail(makeString("RNG state count ", nrng, " is implausible"));
-  for (uint32_t i = 0; i < nrng; ++i) state.rngStates.push_back(in.str());
-  state.history.trainLosses = readDoubles(in);
-  state.history.trainAccuracies = readDoubles(in);
-  state.history.valLosses = readDoubles(in);
-  state.history.valAccuracies = readDoubles(in);
-  if (!in.atEnd()) in.fail("unexpected bytes after the training history");
-  return state;
+  return d.state;
 }
 
 std::string checkpointFileName(int64_t epoch, int rank) {
@@ -99,25 +110,55 @@ std::string checkpointFileName(int64_t epoch, int rank) {
   return name;
 }
 
-std::string latestCheckpoint(const std::string& dir) {
+namespace {
+
+// The checkpoints in `dir` by epoch, newest first; at equal epochs the shared file, then rank 0's own.
+std::vector<std::string> checkpointsNewestFirst(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return "";
+  if (!fs::is_directory(dir, ec)) return {};
   static const std::regex pattern(R"(checkpoint_epoch_(\d+)(\.rank0)?\.ckpt)");
-  std::string best;
-  long long bestEpoch = -1;
+  std::vector<std::tuple<long long, bool, std::string>> found;  // epoch, shared file, path
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     std::string name = entry.path().filename().string();
-    if (!std::regex_match(name, m, pattern)) continue;
-    long long epoch = std::stoll(m[1].str());
-    // At equal epochs prefer the shared file over rank 0's own.
-    if (epoch > bestEpoch || (epoch == bestEpoch && !m[2].matched)) {
-      bestEpoch = epoch;
-      best = entry.path().string();
+    if (!std::regex_match(name, m, pattern) || m[1].length() > 15) continue;
+    found.emplace_back(std::stoll(m[1].str()), !m[2].matched, entry.path().string());
+  }
+  // At equal epochs the shared file comes before rank 0's own.
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
+  std::vector<std::string> paths;
+  for (const auto& f : found) paths.push_back(std::get<2>(f));
+  return paths;
+}
+
+}  // namespace
+
+std::string latestCheckpoint(const std::string& dir) {
+  std::vector<std::string> candidates = checkpointsNewestFirst(dir);
+  std::string problems;
+  auto skip = [&](const Error& e) {  // e names the file
+    logWarning(makeString(e.what(), "; resume_from_checkpoint=\"latest\" tries the next older checkpoint"));
+    problems += makeString("\n  ", e.what());
+  };
+  for (const std::string& path : candidates) {
+    try {
+      decode(readContainer(path, kCheckpointFileKind), makeString(kCheckpointFileKind.name, " file '", path, "'"));
+      if (!problems.empty()) {
+        logWarning(makeString("resume_from_checkpoint=\"latest\": resuming from '", path,
+                              "', the newest checkpoint in '", dir, "' that decodes"));
+      }
+      return path;
+    } catch (const FileFormatError& e) {  // damaged
+      skip(e);
+    } catch (const IoError& e) {  // unreadable
+      skip(e);
     }
   }
-  return best;
+  if (candidates.empty()) return "";
+  throw FileFormatError(makeString("resume_from_checkpoint=\"latest\": none of the ", candidates.size(),
+                                   " checkpoints in '", dir, "' decodes:", problems,
+                                   "\nrepair or remove them, or leave resume_from_checkpoint empty to start from epoch 1"));
 }
 
 }  // namespace cyxwiz::ddp

@@ -33,7 +33,9 @@ TrainingState decodeCheckpoint(const std::vector<uint8_t>& payload, const std::s
 
 // "checkpoint_epoch_0005.ckpt", or "checkpoint_epoch_0005.rank1.ckpt" when every rank writes its own.
 std::string checkpointFileName(int64_t epoch, int rank = -1);
-// The newest checkpoint in `dir` (highest epoch, rank 0's file when ranks wrote their own); "" if none.
+// The newest checkpoint in `dir` that reads and decodes (highest epoch, rank 0's file when ranks wrote
+// their own), "" if `dir` holds none. A damaged newer one (a crash, a bad disk) is skipped with a
+// warning naming it; FileFormatError listing each one's problem if none decodes.
 std::string latestCheckpoint(const std::string& dir);
 
 }  // namespace cyxwiz::ddp

@@ -338,10 +338,22 @@ void DistributedTrainer::loadCheckpoint(const std::string& path) {
 void DistributedTrainer::resume(const TrainingConfig& config) {
   std::string path = config.resumeFromCheckpoint;
   if (path == "latest") {
-    // Rank 0 decides, so that every rank loads the same epoch even if their directories differ.
-    std::string found = isMaster() ? latestCheckpoint(config.checkpointDir) : "";
+    // Rank 0 decides, so that every rank loads the same epoch even if their directories differ. The
+    // first byte says what follows: 0 the path ("" for none), 1 why no checkpoint decodes.
+    std::string found;
+    uint8_t status = 0;
+    if (isMaster()) {
+      try {
+        found = latestCheckpoint(config.checkpointDir);
+      } catch (const FileFormatError& e) {
+        found = e.what();
+        status = 1;
+      }
+    }
+    found.insert(found.begin(), char(status));
     std::vector<uint8_t> bytes = broadcastBytes(*ddp_->backend(), std::vector<uint8_t>(found.begin(), found.end()), 0);
-    path.assign(bytes.begin(), bytes.end());
+    path.assign(bytes.begin() + 1, bytes.end());
+    if (bytes.at(0) == 1) throw FileFormatError(path);
     if (path.empty()) {
       report(note("no checkpoint in " + config.checkpointDir + ": starting from epoch 1"), config.verbose);
       return;

@@ -82,10 +82,19 @@ class Module {
   GradReadyHook gradReadyHook_;
 };
 
-// Builds a module from its stored spec (model files). Throws InvalidArgument for an unknown type, bad
-// attributes, or a layer that would hold more than `maxParameters` values (>= 0): a file must not make
-// the loader allocate more than the data it actually stores.
-std::shared_ptr<Module> makeModule(const ModuleSpec& spec, int64_t maxParameters = -1);
+// Builds a module from its stored spec (model files). Throws InvalidArgument for an unknown type or
+// bad attributes.
+std::shared_ptr<Module> makeModule(const ModuleSpec& spec);
+
+// The parameters (name, dtype, shape) that makeModule(spec) would allocate, computed without
+// allocating them, so that a model file's layers can be matched against the tensors it really stores
+// before anything is built. Throws like makeModule.
+struct ParameterShape {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+std::vector<ParameterShape> parameterShapes(const ModuleSpec& spec);
 
 // Requires a 2-D float32 (batch, features) tensor; `who` names the caller in the message.
 void requireMatrix(const Tensor& t, const std::string& who, int64_t features = -1);

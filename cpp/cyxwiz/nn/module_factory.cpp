@@ -1,4 +1,4 @@
-// makeModule: the one place that maps a stored type name back to a module class.
+// makeModule and parameterShapes: the one place that maps a stored type name back to a module class.
 #include <cmath>
 #include <functional>
 #include <map>
@@ -28,29 +28,42 @@ int64_t intAttr(const ModuleSpec& spec, const std::string& key) {
   return static_cast<int64_t>(v);
 }
 
+// A layer type as a model file names it: how to build one, and what it will allocate.
+struct LayerType {
+  std::function<std::shared_ptr<Module>(const ModuleSpec&)> make;
+  std::function<std::vector<ParameterShape>(const ModuleSpec&)> parameters;
+};
+
+std::vector<ParameterShape> none(const ModuleSpec&) { return {}; }
+
+const LayerType& layerType(const ModuleSpec& spec) {
+  static const std::map<std::string, LayerType> types = {
+      {"LinearModule",
+       {[](const ModuleSpec& s) {
+          return std::make_shared<LinearModule>(intAttr(s, "in_features"), intAttr(s, "out_features"), attr(s, "bias") != 0.0);
+        },
+        [](const ModuleSpec& s) {
+          int64_t in = intAttr(s, "in_features"), out = intAttr(s, "out_features");
+          std::vector<ParameterShape> shapes{{"weight", DType::Float32, {out, in}}};
+          if (attr(s, "bias") != 0.0) shapes.push_back({"bias", DType::Float32, {out}});
+          return shapes;
+        }}},
+      {"ReLUModule", {[](const ModuleSpec&) { return std::make_shared<ReLUModule>(); }, none}},
+      {"SigmoidModule", {[](const ModuleSpec&) { return std::make_shared<SigmoidModule>(); }, none}},
+      {"TanhModule", {[](const ModuleSpec&) { return std::make_shared<TanhModule>(); }, none}},
+      {"GELUModule", {[](const ModuleSpec&) { return std::make_shared<GELUModule>(); }, none}},
+      {"SoftmaxModule", {[](const ModuleSpec&) { return std::make_shared<SoftmaxModule>(); }, none}},
+      {"DropoutModule", {[](const ModuleSpec& s) { return std::make_shared<DropoutModule>(attr(s, "p")); }, none}},
+  };
+  auto it = types.find(spec.type);
+  if (it == types.end()) throw InvalidArgument(makeString("unknown layer type '", spec.type, "'"));
+  return it->second;
+}
+
 }  // namespace
 
-std::shared_ptr<Module> makeModule(const ModuleSpec& spec, int64_t maxParameters) {
-  using Maker = std::function<std::shared_ptr<Module>(const ModuleSpec&, int64_t)>;
-  static const std::map<std::string, Maker> makers = {
-      {"LinearModule", [](const ModuleSpec& s, int64_t budget) {
-         int64_t in = intAttr(s, "in_features"), out = intAttr(s, "out_features");
-         bool bias = attr(s, "bias") != 0.0;
-         if (budget >= 0 && (in > budget || out > budget || in * out + (bias ? out : 0) > budget)) {
-           throw InvalidArgument(makeString("LinearModule(", in, ", ", out, ") needs more parameters than the file stores (", budget, ")"));
-         }
-         return std::make_shared<LinearModule>(in, out, bias);
-       }},
-      {"ReLUModule", [](const ModuleSpec&, int64_t) { return std::make_shared<ReLUModule>(); }},
-      {"SigmoidModule", [](const ModuleSpec&, int64_t) { return std::make_shared<SigmoidModule>(); }},
-      {"TanhModule", [](const ModuleSpec&, int64_t) { return std::make_shared<TanhModule>(); }},
-      {"GELUModule", [](const ModuleSpec&, int64_t) { return std::make_shared<GELUModule>(); }},
-      {"SoftmaxModule", [](const ModuleSpec&, int64_t) { return std::make_shared<SoftmaxModule>(); }},
-      {"DropoutModule", [](const ModuleSpec& s, int64_t) { return std::make_shared<DropoutModule>(attr(s, "p")); }},
-  };
-  auto it = makers.find(spec.type);
-  if (it == makers.end()) throw InvalidArgument(makeString("unknown layer type '", spec.type, "'"));
-  return it->second(spec, maxParameters);
-}
+std::shared_ptr<Module> makeModule(const ModuleSpec& spec) { return layerType(spec).make(spec); }
+
+std::vector<ParameterShape> parameterShapes(const ModuleSpec& spec) { return layerType(spec).parameters(spec); }
 
 }  // namespace cyxwiz::nn
