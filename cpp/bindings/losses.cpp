@@ -48,6 +48,9 @@ void init_losses(py::module_& m) {
       .def(py::init<>());
 
   m.def("accuracy", [](py::handle out, py::handle target) {
-    return accuracy(floatTensor(out, "accuracy"), targetTensor(target, "accuracy target"));
+    Tensor o = floatTensor(out, "accuracy");
+    Tensor t = targetTensor(target, "accuracy target");
+    cyxwiz::bindings::BlockingCall unlocked;  // GPU outputs: waits for the kernels that produce them
+    return accuracy(o, t);
   }, py::arg("output"), py::arg("target"), "Fraction of rows whose argmax is the target class.");
 }

@@ -19,7 +19,11 @@ void init_optim(py::module_& m) {
       .def_property("learning_rate", &Optimizer::learningRate, &Optimizer::setLearningRate)
       .def_property_readonly("step_count", &Optimizer::stepCount)
       .def("state_dict", [](const Optimizer& self) {
-        OptimizerState state = self.state();
+        OptimizerState state;
+        {
+          cyxwiz::bindings::BlockingCall unlocked;  // GPU buffers: waits for the step that writes them
+          state = self.state();
+        }
         py::dict out;
         for (const auto& [key, value] : state.scalars) out[py::str(key)] = value;
         for (const auto& [key, tensor] : state.tensors) out[py::str(key)] = cyxwiz::bindings::toNumpy(tensor);

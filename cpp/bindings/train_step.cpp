@@ -40,7 +40,10 @@ cannot be captured (CPU model, CPU backend with several ranks, check_gradients).
            "Mean loss per sample since the last reset (waits for the GPU); NaN before the first batch.")
       .def("accuracy", &TrainStep::accuracy, py::call_guard<bindings::BlockingCall>(),
            "Fraction of correct predictions since the last reset; NaN for MSELoss or before the first batch.")
-      .def_property_readonly("samples", [](TrainStep& self) { return self.totals()[2]; },
+      .def_property_readonly("samples", [](TrainStep& self) {
+        bindings::BlockingCall unlocked;  // waits for a replayed step, like loss()
+        return self.totals()[2];
+      },
                              "Samples trained on since the last reset (this rank).")
       .def("reset", &TrainStep::reset, py::call_guard<bindings::BlockingCall>(),
            "Clear the running loss, accuracy and sample count.")

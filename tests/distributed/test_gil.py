@@ -97,6 +97,7 @@ BLOCKING_BINDINGS = [
     "del DistributedDataParallel",
     "TrainStep.__call__",
     "TrainStep.loss",
+    "TrainStep.samples",
     "del TrainStep",
     "DistributedTrainer.__init__",
     "DistributedTrainer.fit",
@@ -244,6 +245,7 @@ def train_step():
 
 step("TrainStep.__call__", lambda w: train_step())
 step("TrainStep.loss", lambda w: (np.isfinite(state["ts"].loss()), None))
+step("TrainStep.samples", lambda w: (state["ts"].samples == len(X), None))
 step("del TrainStep", lambda w: drop("ts"))
 del state["ddp"]
 
@@ -343,3 +345,50 @@ def test_arrays_held_by_the_comm_thread_are_released_after_wait(ranks):
     assert sorted(got) == [0, 1], ranks.report(results)
     for rank, res in got.items():
         assert res == {"alive_after_wait": 0, "alive_after_barrier": False}, f"rank {rank}: {res}"
+
+
+# init() holds the process group's lock through the rendezvous, and its Ctrl-C check takes the GIL:
+# a thread asking is_initialized() (a progress reporter, a watchdog) must wait for that lock without
+# the GIL, or neither thread moves again.
+INIT_WHILE_POLLED = r'''
+import json, os, threading, time
+import numpy as np
+import pycyxwiz as cx
+
+D = cx.distributed
+RANK = int(os.environ["RANK"])
+seen = []
+
+
+def poll():
+    while True:
+        seen.append(time.monotonic())
+        if D.is_initialized():
+            return
+
+
+t = threading.Thread(target=poll, daemon=True)
+t.start()
+while not seen:
+    time.sleep(0.001)
+if RANK == 1:
+    time.sleep(1)   # rank 0 waits in the rendezvous meanwhile
+start = time.monotonic()
+D.init()
+t.join(timeout=10)
+a = np.ones(4, np.float32)
+D.all_reduce(a)
+print("RESULT " + json.dumps({"init_seconds": time.monotonic() - start, "poller_done": not t.is_alive(),
+                              "polls": len(seen), "sum_ok": bool(np.all(a == 2))}))
+D.finalize()
+'''
+
+
+def test_init_while_another_thread_asks_is_initialized(ranks):
+    results = ranks.run(INIT_WHILE_POLLED, 2, env={"DISTRIBUTED_TIMEOUT_MS": "5000"}, timeout=30)
+    assert all(r.rc == 0 for r in results), ranks.report(results)
+    got = results_of(results)
+    assert sorted(got) == [0, 1], ranks.report(results)
+    for rank, res in got.items():
+        assert res["poller_done"] and res["sum_ok"], f"rank {rank}: {res}"
+        assert res["init_seconds"] < 5, f"rank {rank}: init took {res['init_seconds']:.1f} s"
