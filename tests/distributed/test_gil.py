@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 PRELUDE = r'''
-import gc, json, os, sys, time, weakref
+import json, os, sys, time, weakref
 import numpy as np
 import pycyxwiz as cx
 
@@ -32,7 +32,7 @@ def build():
     return m
 '''
 
-# The issue's reproduction, as written there.
+# The issue's reproduction (the array kept in `a`, to check the sum; the old owner took the GIL either way).
 REPRO = PRELUDE + r'''
 ddp = D.DistributedDataParallel(build())
 assert ddp.overlap, "CYXWIZ_DDP_OVERLAP=1 should put the bucket all-reduces on the communication thread"
