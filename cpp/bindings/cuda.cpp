@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "cyxwiz/device/cuda.h"
+#include "gil.h"
 
 namespace py = pybind11;
 namespace device = cyxwiz::device;
@@ -52,7 +53,7 @@ void init_cuda(py::module_& m) {
   }, py::arg("device") = 0);
   c.def("synchronize", [](int i) {
     device::requireDevice(cyxwiz::Device{cyxwiz::DeviceType::CUDA, i}, "cx.cuda.synchronize");
-    py::gil_scoped_release release;
+    cyxwiz::bindings::BlockingCall unlocked;
     CYX_CUDA(synchronize(i));
   }, py::arg("device") = 0, "Waits for every kernel pycyxwiz queued on the device (its compute stream).");
   static bool tf32 = false;

@@ -9,11 +9,13 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/ddp/ddp.h"
 #include "cyxwiz/ddp/sampler.h"
+#include "gil.h"
 #include "numpy_convert.h"
 
 namespace py = pybind11;
 using namespace cyxwiz;
 using namespace cyxwiz::ddp;
+using cyxwiz::bindings::BlockingCall;
 using cyxwiz::bindings::floatTensor;
 using cyxwiz::bindings::toNumpy;
 
@@ -31,9 +33,16 @@ struct NoSync {
   bool previous = true;
 };
 
-// Sampler defaults: the job's world size and rank, or a world of one before init().
-int defaultReplicas() { return comm::isInitialized() ? comm::currentConfig("DistributedSampler").worldSize : 1; }
-int defaultRank() { return comm::isInitialized() ? comm::currentConfig("DistributedSampler").rank : 0; }
+// Sampler defaults: the job's world size and rank, or a world of one before init(). Without the GIL:
+// the process group's lock may be held by init() on another thread.
+int defaultReplicas() {
+  BlockingCall unlocked;
+  return comm::isInitialized() ? comm::currentConfig("DistributedSampler").worldSize : 1;
+}
+int defaultRank() {
+  BlockingCall unlocked;
+  return comm::isInitialized() ? comm::currentConfig("DistributedSampler").rank : 0;
+}
 
 // Python's iterator protocol wants StopIteration at the end of a pass.
 std::vector<int64_t> nextBatch(DistributedBatchIterator& it) {
@@ -75,41 +84,43 @@ void init_ddp(py::module_& d) {
         return false;
       });
 
-  py::class_<DistributedDataParallel>(d, "DistributedDataParallel", R"doc(
+  // WaitingHolder: `del ddp` waits for the bucket all-reduces in flight, without the GIL.
+  py::class_<DistributedDataParallel, bindings::WaitingHolder<DistributedDataParallel>>(d, "DistributedDataParallel", R"doc(
 A model replica whose gradients are averaged across ranks. Construction is collective: every rank
 must wrap the same architecture; rank 0's parameters are broadcast (DDPConfig.broadcast_parameters).
 After backward, call sync_gradients() or update_parameters(optimizer) before reading gradients: their
 all-reduce runs in the background.)doc")
       .def(py::init([](std::shared_ptr<nn::SequentialModel> model, std::optional<DDPConfig> config) {
-             py::gil_scoped_release release;
-             return std::make_unique<DistributedDataParallel>(std::move(model), config.value_or(DDPConfig{}));
+             BlockingCall unlocked;
+             return bindings::WaitingHolder<DistributedDataParallel>(
+                 new DistributedDataParallel(std::move(model), config.value_or(DDPConfig{})));
            }),
            py::arg("model"), py::arg("ddp_config") = py::none())
       .def("forward", [](DistributedDataParallel& self, py::handle x) {
         Tensor in = floatTensor(x, "DistributedDataParallel.forward");
         Tensor out;
-        { py::gil_scoped_release release; out = self.forward(in); }
+        { BlockingCall unlocked; out = self.forward(in); }
         return cyxwiz::bindings::toPython(out);
       }, py::arg("input"))
       .def("__call__", [](py::object self, py::handle x) { return self.attr("forward")(x); }, py::arg("input"))
       .def("backward", [](DistributedDataParallel& self, py::handle g, bool inputGrad) {
         Tensor grad = floatTensor(g, "DistributedDataParallel.backward");
         Tensor out;
-        { py::gil_scoped_release release; out = self.backward(grad, inputGrad); }
+        { BlockingCall unlocked; out = self.backward(grad, inputGrad); }
         return cyxwiz::bindings::toPython(out);
       }, py::arg("grad_output"), py::arg("input_grad") = false,
          "Accumulate this batch's gradients; each bucket's all-reduce starts as soon as it is complete. Returns the "
          "gradient w.r.t. the model input when input_grad=True, else None.")
       .def("sync_gradients", [](DistributedDataParallel& self) {
-        { py::gil_scoped_release release; self.syncGradients(); }
+        { BlockingCall unlocked; self.syncGradients(); }
         return gradientViews(self);
       }, "Wait for the gradient all-reduces; returns the averaged gradients (views, parameters() order).")
       .def("update_parameters", &DistributedDataParallel::updateParameters, py::arg("optimizer"),
-           py::call_guard<py::gil_scoped_release>(),
+           py::call_guard<BlockingCall>(),
            "sync_gradients() if needed, optimizer.step(model), then zero the gradients.")
       .def("no_sync", [](DistributedDataParallel& self) { return NoSync{self}; }, py::keep_alive<0, 1>(),
            "Context manager: backward only accumulates locally inside it; the first backward after it averages the sum.")
-      .def("zero_grad", &DistributedDataParallel::zeroGrad, py::call_guard<py::gil_scoped_release>())
+      .def("zero_grad", &DistributedDataParallel::zeroGrad, py::call_guard<BlockingCall>())
       .def("parameters", [](const DistributedDataParallel& self) {
         py::list out;
         for (nn::Parameter* p : self.parameters()) out.append(toNumpy(p->value));

@@ -10,11 +10,13 @@
 #include "cyxwiz/comm/process_group.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/sha256.h"
+#include "gil.h"
 #include "numpy_convert.h"
 
 namespace py = pybind11;
 using namespace cyxwiz;
 using namespace cyxwiz::comm;
+using cyxwiz::bindings::BlockingCall;
 using cyxwiz::bindings::inplaceTensor;
 using cyxwiz::bindings::inputTensor;
 using cyxwiz::bindings::newArray;
@@ -26,9 +28,11 @@ struct PyWork {
   std::shared_ptr<Work> work;
   py::object result = py::none();
 
-  // Waits with the GIL released, waking every 100 ms so that Ctrl-C is not held up.
+  // Waits with the GIL released, waking every 100 ms so that Ctrl-C is not held up. Each wake-up
+  // (BlockingCall) releases the arrays the communication thread let go of (gil.h).
   bool wait(std::optional<double> timeoutSeconds) {
     if (work->isCompleted()) {  // blocking calls usually ran on this thread already
+      cyxwiz::bindings::drainPythonReleases();
       work->wait();
       return true;
     }
@@ -45,7 +49,7 @@ struct PyWork {
       }
       bool done;
       {
-        py::gil_scoped_release release;
+        BlockingCall unlocked;
         done = work->waitFor(slice);
       }
       if (done) return true;
@@ -61,9 +65,15 @@ py::object finish(std::shared_ptr<Work> work, bool async, py::object result) {
   return w.result;
 }
 
+// The process group's lock may be held by init() on another thread (see get_rank below).
+std::shared_ptr<Backend> currentBackend(const char* operation) {
+  BlockingCall unlocked;
+  return backend(operation);
+}
+
 template <typename F>
 std::shared_ptr<Work> released(F&& f) {
-  py::gil_scoped_release release;
+  BlockingCall unlocked;
   return f();
 }
 
@@ -169,34 +179,37 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
 
   d.def("init", [](std::optional<DistributedConfig> config) {
     DistributedConfig c = config ? *config : DistributedConfig::fromEnvironment();
-    py::gil_scoped_release release;
+    BlockingCall unlocked;
     init(c);
   }, py::arg("config") = py::none(), "Join the job: from the environment, or from an explicit DistributedConfig.");
-  d.def("finalize", &finalize, py::call_guard<py::gil_scoped_release>(), "Leave the job (idempotent).");
-  d.def("is_initialized", &isInitialized);
-  d.def("get_rank", [] { return currentConfig("get_rank").rank; });
-  d.def("get_world_size", [] { return currentConfig("get_world_size").worldSize; });
-  d.def("get_local_rank", [] { return currentConfig("get_local_rank").localRank; });
-  d.def("is_master", [] { return currentConfig("is_master").rank == 0; });
-  d.def("get_config", [] { return currentConfig("get_config"); }, "The DistributedConfig of the current job.");
-  d.def("get_backend", [] { return backend("get_backend")->name(); });
+  d.def("finalize", &finalize, py::call_guard<BlockingCall>(), "Leave the job (idempotent).");
+  // These take the process group's lock, which init() holds through the rendezvous (and init's
+  // Ctrl-C check takes the GIL): another thread must wait for it without the GIL.
+  d.def("is_initialized", &isInitialized, py::call_guard<BlockingCall>());
+  d.def("get_rank", [] { return currentConfig("get_rank").rank; }, py::call_guard<BlockingCall>());
+  d.def("get_world_size", [] { return currentConfig("get_world_size").worldSize; }, py::call_guard<BlockingCall>());
+  d.def("get_local_rank", [] { return currentConfig("get_local_rank").localRank; }, py::call_guard<BlockingCall>());
+  d.def("is_master", [] { return currentConfig("is_master").rank == 0; }, py::call_guard<BlockingCall>());
+  d.def("get_config", [] { return currentConfig("get_config"); }, py::call_guard<BlockingCall>(),
+        "The DistributedConfig of the current job.");
+  d.def("get_backend", [] { return backend("get_backend")->name(); }, py::call_guard<BlockingCall>());
 
   d.def("all_reduce", [](py::object array, ReduceOp op, bool async) {
     Tensor t = inplaceTensor(array, "all_reduce");
-    auto b = backend("all_reduce");
+    auto b = currentBackend("all_reduce");
     return finish(released([&] { return b->allReduce(t, op, async); }), async, py::none());
   }, py::arg("array"), py::arg("op") = ReduceOp::Sum, py::arg("async_op") = false,
      "Combine `array` across ranks, in place.");
 
   d.def("broadcast", [](py::object array, int src, bool async) {
     Tensor t = inplaceTensor(array, "broadcast");
-    auto b = backend("broadcast");
+    auto b = currentBackend("broadcast");
     return finish(released([&] { return b->broadcast(t, src, async); }), async, py::none());
   }, py::arg("array"), py::arg("src") = 0, py::arg("async_op") = false, "Copy rank `src`'s array into every rank's, in place.");
 
   d.def("all_gather", [](py::object array, bool async) {
     Tensor in = inputTensor(array, "all_gather");
-    auto b = backend("all_gather");
+    auto b = currentBackend("all_gather");
     std::vector<py::ssize_t> shape = shapeOf(in);
     shape.insert(shape.begin(), b->worldSize());
     auto [out, outTensor] = newArray(shape, in.dtype());
@@ -207,7 +220,7 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
 
   d.def("reduce_scatter", [](py::object array, ReduceOp op, bool async) {
     Tensor in = inputTensor(array, "reduce_scatter");
-    auto b = backend("reduce_scatter");
+    auto b = currentBackend("reduce_scatter");
     int n = b->worldSize(), r = b->rank();
     auto count = static_cast<py::ssize_t>(in.numel());
     py::ssize_t part = count / n + (r < count % n ? 1 : 0);
@@ -224,7 +237,7 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
   });
 
   d.def("barrier", [](bool async) {
-    auto b = backend("barrier");
+    auto b = currentBackend("barrier");
     return finish(released([&] { return b->barrier(async); }), async, py::none());
   }, py::arg("async_op") = false, "Wait until every rank has called barrier().");
 

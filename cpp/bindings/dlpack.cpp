@@ -6,6 +6,7 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/cuda.h"
+#include "gil.h"
 
 namespace cyxwiz::bindings {
 
@@ -62,10 +63,15 @@ struct Export {
 };
 
 void deleteExport(DLManagedTensor* self) {
-  // The tensor's storage may be a numpy array's: releasing it needs the GIL, whichever thread the
-  // consumer calls the deleter from.
-  py::gil_scoped_acquire gil;
+  // No GIL needed, whichever thread the consumer calls this from: a Python owner of the tensor's
+  // storage releases itself through releaseWithGil (gil.h).
   delete static_cast<Export*>(self->manager_ctx);
+}
+
+// The producer's deleter releases Python objects: it runs with the GIL (gil.h).
+void releaseManaged(void* p) {
+  auto* m = static_cast<DLManagedTensor*>(p);
+  if (m->deleter) m->deleter(m);
 }
 
 // A capsule nobody consumed still owns its tensor (the consumer renames a used one).
@@ -85,7 +91,7 @@ py::capsule toDLPack(const Tensor& t) {
   CYX_CHECK(t.defined(), "__dlpack__: the tensor is empty (undefined)");
   if (t.isCuda()) {
     // The consumer reads on its own stream right away: the engine's queued kernels must be done.
-    py::gil_scoped_release release;
+    BlockingCall unlocked;
     CYX_CUDA(synchronize(t.device().index));
   }
   auto holder = std::make_unique<Export>();
@@ -127,11 +133,7 @@ Tensor fromDLPack(py::handle obj, const char* what) {
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kCapsule));
   // From here the DLManagedTensor is ours: its deleter runs when the tensor's storage is released.
   PyCapsule_SetName(capsule, kUsedCapsule);
-  std::shared_ptr<void> owner(managed, [](void* p) {
-    auto* m = static_cast<DLManagedTensor*>(p);
-    py::gil_scoped_acquire gil;  // producers' deleters release Python objects
-    if (m->deleter) m->deleter(m);
-  });
+  std::shared_ptr<void> owner(managed, [](void* p) { releaseWithGil(&releaseManaged, p); });
   const DLTensor& dl = managed->dl_tensor;
   DType dtype;
   if (dl.dtype.lanes != 1) {

@@ -3,6 +3,7 @@
 
 #include "cyxwiz/nn/cross_entropy.h"
 #include "cyxwiz/nn/mse.h"
+#include "gil.h"
 #include "numpy_convert.h"
 
 namespace py = pybind11;
@@ -26,7 +27,7 @@ void init_losses(py::module_& m) {
       .def("forward", [](Loss& self, py::handle out, py::handle target) {
         Tensor o = floatTensor(out, (self.typeName() + ".forward").c_str());
         Tensor t = lossTarget(self, target);
-        py::gil_scoped_release release;
+        cyxwiz::bindings::BlockingCall unlocked;
         return self.forward(o, t);
       }, py::arg("output"), py::arg("target"), "Mean loss over the batch.")
       .def("__call__", [](py::object self, py::handle out, py::handle target) { return self.attr("forward")(out, target); },
@@ -35,7 +36,7 @@ void init_losses(py::module_& m) {
         Tensor o = floatTensor(out, (self.typeName() + ".backward").c_str());
         Tensor t = lossTarget(self, target);
         Tensor g;
-        { py::gil_scoped_release release; g = self.backward(o, t); }
+        { cyxwiz::bindings::BlockingCall unlocked; g = self.backward(o, t); }
         return cyxwiz::bindings::toPython(g);
       }, py::arg("output"), py::arg("target"), "Gradient of the mean loss w.r.t. output.")
       .def("__repr__", [](const Loss& self) { return self.typeName() + "()"; });
@@ -47,6 +48,9 @@ void init_losses(py::module_& m) {
       .def(py::init<>());
 
   m.def("accuracy", [](py::handle out, py::handle target) {
-    return accuracy(floatTensor(out, "accuracy"), targetTensor(target, "accuracy target"));
+    Tensor o = floatTensor(out, "accuracy");
+    Tensor t = targetTensor(target, "accuracy target");
+    cyxwiz::bindings::BlockingCall unlocked;  // GPU outputs: waits for the kernels that produce them
+    return accuracy(o, t);
   }, py::arg("output"), py::arg("target"), "Fraction of rows whose argmax is the target class.");
 }

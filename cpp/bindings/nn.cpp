@@ -11,6 +11,7 @@
 #include "cyxwiz/nn/softmax.h"
 #include "cyxwiz/nn/tanh.h"
 #include "cyxwiz/device/cuda.h"
+#include "gil.h"
 #include "numpy_convert.h"
 
 namespace py = pybind11;
@@ -46,14 +47,14 @@ void init_nn(py::module_& m) {
       .def("forward", [](Module& self, py::handle x) {
         Tensor in = floatTensor(x, (self.typeName() + ".forward").c_str());
         Tensor out;
-        { py::gil_scoped_release release; out = self.forward(in); }
+        { cyxwiz::bindings::BlockingCall unlocked; out = self.forward(in); }
         return toPython(out);
       }, py::arg("input"))
       .def("__call__", [](py::object self, py::handle x) { return self.attr("forward")(x); }, py::arg("input"))
       .def("backward", [](Module& self, py::handle g) {
         Tensor grad = floatTensor(g, (self.typeName() + ".backward").c_str());
         Tensor out;
-        { py::gil_scoped_release release; self.setNeedInputGrad(true); out = self.backward(grad); }
+        { cyxwiz::bindings::BlockingCall unlocked; self.setNeedInputGrad(true); out = self.backward(grad); }
         return toPython(out);
       }, py::arg("grad_output"), "Accumulates parameter gradients; returns the gradient w.r.t. the input.")
       .def("parameters", [](Module& self) { return valueViews(self.parameters()); },
@@ -93,31 +94,31 @@ gradients (call ``zero_grad`` between steps, or don't, to accumulate).
       .def("forward", [](SequentialModel& self, py::handle x) {
         Tensor in = floatTensor(x, "SequentialModel.forward");
         Tensor out;
-        { py::gil_scoped_release release; out = self.forward(in); }
+        { cyxwiz::bindings::BlockingCall unlocked; out = self.forward(in); }
         return toPython(out);
       }, py::arg("input"))
       .def("__call__", [](py::object self, py::handle x) { return self.attr("forward")(x); }, py::arg("input"))
       .def("backward", [](SequentialModel& self, py::handle g, bool inputGrad) {
         Tensor grad = floatTensor(g, "SequentialModel.backward");
         Tensor out;
-        { py::gil_scoped_release release; out = self.backward(grad, inputGrad); }
+        { cyxwiz::bindings::BlockingCall unlocked; out = self.backward(grad, inputGrad); }
         return toPython(out);
       }, py::arg("grad_output"), py::arg("input_grad") = false,
          "Accumulates parameter gradients. Returns the gradient w.r.t. the model input when input_grad=True, else None.")
       .def("to", [](std::shared_ptr<SequentialModel> self, const std::string& device) {
         cyxwiz::Device d = cyxwiz::device::parseDevice(device);
-        { py::gil_scoped_release release; self->to(d); }
+        { cyxwiz::bindings::BlockingCall unlocked; self->to(d); }
         return self;
       }, py::arg("device"), R"pbdoc(
 Moves the parameters to "cpu", "cuda" or "cuda:N" and returns the model. numpy inputs are then copied
 to that device in forward; outputs and gradients stay there as cx.Tensor (np.asarray copies them back).
 )pbdoc")
       .def_property_readonly("device", [](const SequentialModel& self) { return self.device().str(); })
-      .def("zero_grad", &SequentialModel::zeroGrad, py::call_guard<py::gil_scoped_release>())
+      .def("zero_grad", &SequentialModel::zeroGrad, py::call_guard<cyxwiz::bindings::BlockingCall>())
       .def("parameters", [](const SequentialModel& self) { return valueViews(self.parameters()); },
            (std::string("Weights then bias, layer by layer.") + kViewsNote).c_str())
       .def("gradients", [](const SequentialModel& self) {
-        { py::gil_scoped_release release; self.guardGradients(SequentialModel::GradientUse::Read); }
+        { cyxwiz::bindings::BlockingCall unlocked; self.guardGradients(SequentialModel::GradientUse::Read); }
         return gradViews(self.parameters());
       },
            (std::string("Gradients, in parameters() order.") + kViewsNote).c_str())
@@ -136,9 +137,9 @@ to that device in forward; outputs and gradients stay there as cx.Tensor (np.asa
       .def_property_readonly("training", &SequentialModel::training)
       .def("summary", [](const SequentialModel& self, std::optional<int64_t> in) { return self.summary(in.value_or(-1)); },
            py::arg("in_features") = py::none())
-      .def("save", &SequentialModel::save, py::arg("path"), py::call_guard<py::gil_scoped_release>(),
+      .def("save", &SequentialModel::save, py::arg("path"), py::call_guard<cyxwiz::bindings::BlockingCall>(),
            "Write a .cyxmodel file atomically (temp file + rename).")
-      .def_static("load", &SequentialModel::load, py::arg("path"), py::call_guard<py::gil_scoped_release>(),
+      .def_static("load", &SequentialModel::load, py::arg("path"), py::call_guard<cyxwiz::bindings::BlockingCall>(),
                   "Read a .cyxmodel file; a corrupt, truncated or foreign file raises cx.ModelFormatError.")
       .def("__len__", &SequentialModel::size)
       .def("__getitem__", [](const SequentialModel& self, int64_t i) {

@@ -7,19 +7,11 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/cuda.h"
+#include "gil.h"
 
 namespace cyxwiz::bindings {
 
 namespace {
-
-// Keeps a Python object alive from C++; the GIL is taken to drop it, since the last reference may
-// go on a thread (or in a section) that released the GIL.
-std::shared_ptr<void> pythonOwner(py::object obj) {
-  return std::shared_ptr<void>(new py::object(std::move(obj)), [](void* p) {
-    py::gil_scoped_acquire gil;
-    delete static_cast<py::object*>(p);
-  });
-}
 
 Shape shapeOf(const py::array& arr) { return Shape(arr.shape(), arr.shape() + arr.ndim()); }
 
@@ -250,7 +242,7 @@ py::object toNumpy(const Tensor& t) {
   if (t.isCuda()) {
     Tensor host;
     {
-      py::gil_scoped_release release;
+      BlockingCall unlocked;
       host = t.to(Device{});
     }
     return toNumpy(host);

@@ -4,6 +4,7 @@
 #include "cyxwiz/nn/adam.h"
 #include "cyxwiz/nn/sequential.h"
 #include "cyxwiz/nn/sgd.h"
+#include "gil.h"
 #include "numpy_convert.h"
 
 namespace py = pybind11;
@@ -11,13 +12,18 @@ using namespace cyxwiz::nn;
 
 void init_optim(py::module_& m) {
   py::class_<Optimizer, std::shared_ptr<Optimizer>>(m, "Optimizer", "Base class of the optimizers.")
-      .def("step", &Optimizer::step, py::arg("model"), py::call_guard<py::gil_scoped_release>(),
+      .def("step", &Optimizer::step, py::arg("model"), py::call_guard<cyxwiz::bindings::BlockingCall>(),
            "Update every parameter of `model` from its accumulated gradient.")
-      .def("zero_grad", &Optimizer::zeroGrad, py::arg("model"))
+      .def("zero_grad", &Optimizer::zeroGrad, py::arg("model"), py::call_guard<cyxwiz::bindings::BlockingCall>(),
+           "Zero the model's gradients (after the all-reduces DDP has in flight).")
       .def_property("learning_rate", &Optimizer::learningRate, &Optimizer::setLearningRate)
       .def_property_readonly("step_count", &Optimizer::stepCount)
       .def("state_dict", [](const Optimizer& self) {
-        OptimizerState state = self.state();
+        OptimizerState state;
+        {
+          cyxwiz::bindings::BlockingCall unlocked;  // GPU buffers: waits for the step that writes them
+          state = self.state();
+        }
         py::dict out;
         for (const auto& [key, value] : state.scalars) out[py::str(key)] = value;
         for (const auto& [key, tensor] : state.tensors) out[py::str(key)] = cyxwiz::bindings::toNumpy(tensor);

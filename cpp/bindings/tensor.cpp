@@ -9,6 +9,7 @@
 #include "cyxwiz/tensor/random.h"
 #include "cyxwiz/tensor/tensor.h"
 #include "dlpack.h"
+#include "gil.h"
 #include "numpy_convert.h"
 
 namespace py = pybind11;
@@ -42,11 +43,11 @@ converted once); ``numpy.asarray(t)``, ``memoryview(t)`` and ``t.numpy()`` are v
       .def("to", [](const Tensor& t, const std::string& device) {
         cyxwiz::Device d = cyxwiz::device::parseDevice(device);
         cyxwiz::device::requireDevice(d, "Tensor.to");
-        py::gil_scoped_release release;
+        cyxwiz::bindings::BlockingCall unlocked;
         return t.to(d);
       }, py::arg("device"), "This tensor on \"cpu\", \"cuda\" or \"cuda:N\" (itself when already there).")
       .def("cpu", [](const Tensor& t) {
-        py::gil_scoped_release release;
+        cyxwiz::bindings::BlockingCall unlocked;
         return t.to(cyxwiz::Device{});
       })
       .def_property_readonly("__cuda_array_interface__", [](const Tensor& t) {
@@ -61,7 +62,7 @@ converted once); ``numpy.asarray(t)``, ``memoryview(t)`` and ``t.numpy()`` are v
         d["strides"] = py::none();
         // Our kernels run on a stream of our own; consumers must not race them.
         {
-          py::gil_scoped_release release;
+          cyxwiz::bindings::BlockingCall unlocked;
           CYX_CUDA(synchronize(t.device().index));
         }
         d["stream"] = py::none();

@@ -7,11 +7,13 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/ddp/trainer.h"
+#include "gil.h"
 #include "numpy_convert.h"
 
 namespace py = pybind11;
 using namespace cyxwiz;
 using namespace cyxwiz::ddp;
+using cyxwiz::bindings::BlockingCall;
 using cyxwiz::bindings::floatTensor;
 using cyxwiz::bindings::lossTargetTensor;
 using cyxwiz::bindings::toNumpy;
@@ -100,49 +102,53 @@ void init_trainer(py::module_& d) {
       .def_readonly("seconds", &ProgressEvent::seconds)
       .def_readonly("text", &ProgressEvent::text);
 
-  py::class_<DistributedTrainer>(d, "DistributedTrainer", R"doc(
+  // WaitingHolder: its DDP's destructor waits for the all-reduces in flight, without the GIL.
+  py::class_<DistributedTrainer, bindings::WaitingHolder<DistributedTrainer>>(d, "DistributedTrainer", R"doc(
 fit / evaluate / predict / checkpoints over DistributedDataParallel. Every method is collective:
 every rank calls it, with the same arguments (each rank may hold the whole dataset; fit shards it).)doc")
       .def(py::init([](std::shared_ptr<nn::SequentialModel> model, std::shared_ptr<nn::Loss> loss,
                        std::shared_ptr<nn::Optimizer> optimizer, std::optional<DDPConfig> config) {
-             py::gil_scoped_release release;
-             return std::make_unique<DistributedTrainer>(std::move(model), std::move(loss), std::move(optimizer),
-                                                         config.value_or(DDPConfig{}));
+             BlockingCall unlocked;
+             return bindings::WaitingHolder<DistributedTrainer>(new DistributedTrainer(
+                 std::move(model), std::move(loss), std::move(optimizer), config.value_or(DDPConfig{})));
            }),
            py::arg("model"), py::arg("loss_fn"), py::arg("optimizer"), py::arg("ddp_config") = py::none())
       .def("fit", [](DistributedTrainer& self, py::handle X, py::handle y, const TrainingConfig& config) {
         Dataset train = dataset(self.lossFunction(), X, y, "fit");
-        py::gil_scoped_release release;
+        BlockingCall unlocked;
         return self.fit(train.X, train.y, config);
       }, py::arg("X"), py::arg("y"), py::arg("config"))
       .def("fit", [](DistributedTrainer& self, py::handle X, py::handle y, py::handle Xv, py::handle yv,
                      const TrainingConfig& config) {
         Dataset train = dataset(self.lossFunction(), X, y, "fit");
         Dataset val = dataset(self.lossFunction(), Xv, yv, "fit validation");
-        py::gil_scoped_release release;
+        BlockingCall unlocked;
         return self.fit(train.X, train.y, val.X, val.y, config);
       }, py::arg("X"), py::arg("y"), py::arg("X_val"), py::arg("y_val"), py::arg("config"))
       .def("evaluate", [](DistributedTrainer& self, py::handle X, py::handle y, int64_t batchSize) {
         Dataset data = dataset(self.lossFunction(), X, y, "evaluate");
-        py::gil_scoped_release release;
+        BlockingCall unlocked;
         return self.evaluate(data.X, data.y, batchSize);
       }, py::arg("X"), py::arg("y"), py::arg("batch_size") = 256,
          "(loss, accuracy) over all rows, each counted once, the same on every rank.")
       .def("predict", [](DistributedTrainer& self, py::handle X, int64_t batchSize) {
         Tensor in = floatTensor(X, "predict X");
         Tensor out;
-        { py::gil_scoped_release release; out = self.predict(in, batchSize); }
+        { BlockingCall unlocked; out = self.predict(in, batchSize); }
         return toNumpy(out);
       }, py::arg("X"), py::arg("batch_size") = 256, "The model's outputs for every row of X, in order, on every rank.")
       .def("save_checkpoint", &DistributedTrainer::saveCheckpoint, py::arg("path"),
-           py::call_guard<py::gil_scoped_release>(), "Rank 0 writes model, optimizer, epoch and RNG state atomically.")
+           py::call_guard<BlockingCall>(), "Rank 0 writes model, optimizer, epoch and RNG state atomically.")
       .def("load_checkpoint", &DistributedTrainer::loadCheckpoint, py::arg("path"),
-           py::call_guard<py::gil_scoped_release>(), "Rank 0 reads, every rank loads; the next fit continues from it.")
+           py::call_guard<BlockingCall>(), "Rank 0 reads, every rank loads; the next fit continues from it.")
       .def("_set_progress", [](DistributedTrainer& self, py::object callback) {
         if (callback.is_none()) return self.setProgress(nullptr);
-        self.setProgress([callback](const ProgressEvent& e) {
+        // The trainer, and this function with it, may be destroyed without the GIL: the reference is
+        // held by a pythonOwner (gil.h). Called on the thread running fit, which released the GIL.
+        std::shared_ptr<void> owner = bindings::pythonOwner(callback);
+        self.setProgress([owner, fn = py::handle(callback)](const ProgressEvent& e) {
           py::gil_scoped_acquire gil;
-          callback(e);
+          fn(e);
         });
       })
       .def("is_master", &DistributedTrainer::isMaster)

@@ -142,10 +142,19 @@ void CpuBackend::runLocked(std::unique_lock<std::mutex>& lock, Task& task, bool 
   changed_.notify_all();
 }
 
+// The body goes (task.body = nullptr) before the work is finished, and never under mutex_: its
+// captures may hold the last reference to a caller's buffer (a numpy array, released through
+// bindings/gil.h), so whoever waits for the work finds it released, and nothing that runs when it
+// goes can wait for this backend's lock.
 void CpuBackend::execute(Task& task, bool onCaller) {
+  std::exception_ptr broken;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (broken_) return task.work->finish(broken_);
+    broken = broken_;
+  }
+  if (broken) {
+    task.body = nullptr;
+    return task.work->finish(broken);
   }
   try {
     Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work,
@@ -154,6 +163,7 @@ void CpuBackend::execute(Task& task, bool onCaller) {
     Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call, &left_, &right_, &partners_,
               static_cast<size_t>(config_.ringSliceBytes));
     task.body(ring);
+    task.body = nullptr;
     task.work->finish();
   } catch (...) {
     std::exception_ptr error = std::current_exception();
@@ -182,6 +192,7 @@ void CpuBackend::execute(Task& task, bool onCaller) {
     left_.socket.close();
     right_.socket.close();
     for (Pair& p : partners_) p.socket.close();
+    task.body = nullptr;
     task.work->finish(error);
   }
 }
