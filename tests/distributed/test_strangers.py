@@ -253,3 +253,38 @@ def test_a_store_error_reply_raises_dist_store_error_naming_rank_0(ranks):
     assert out["type"] == "DistStoreError", out
     assert f"127.0.0.1:{ranks.port}" in out["message"] and "the store is full" in out["message"], out
     assert out["elapsed"] < 6, out
+
+
+CHECK = 3
+
+
+def test_pipelined_requests_cost_linear_time(ranks):
+    """500000 requests sent at once (a stranger in a job without a secret, or a busy client): rank 0
+    answers them all within a few seconds, in order, and the job forms after."""
+    import threading
+
+    procs = ranks.start(JOB, 2, ranks=[0])
+    s = connect(ranks.port)
+    s.sendall(hello(""))
+    assert s.recv(8) == bytes(8)
+    count = 500_000
+    request = struct.pack("<BBHIQ", CHECK, 0, 0, 1, 0) + b"k"
+    sender = threading.Thread(target=s.sendall, args=(request * count,))
+    started = time.monotonic()
+    sender.start()
+    expected = (struct.pack("<BBHIQ", 0, 0, 0, 0, 1) + b"0") * count
+    got = bytearray()
+    s.settimeout(60)
+    try:
+        while len(got) < len(expected):
+            chunk = s.recv(1 << 20)
+            assert chunk, "rank 0 closed the connection"
+            got += chunk
+    finally:
+        sender.join(timeout=30)
+    took = time.monotonic() - started
+    s.close()
+    assert bytes(got) == expected
+    assert took < 10, f"{count} pipelined requests took {took:.1f} s"
+    procs += ranks.start(JOB, 2, ranks=[1])
+    check_job(ranks, ranks.wait(procs, timeout=60), 2)
