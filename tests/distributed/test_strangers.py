@@ -288,3 +288,51 @@ def test_pipelined_requests_cost_linear_time(ranks):
     assert took < 10, f"{count} pipelined requests took {took:.1f} s"
     procs += ranks.start(JOB, 2, ranks=[1])
     check_job(ranks, ranks.wait(procs, timeout=60), 2)
+
+
+# Joins, then takes every file descriptor it may open and holds them while the test connects:
+# rank 0's rendezvous can accept nothing. Reports the CPU time it used meanwhile.
+HOG_JOB = r'''
+import resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+''' + JOB.replace("(HERE / f\"formed{RANK}\").write_text(\"1\")\n", r'''
+(HERE / f"formed{RANK}").write_text("1")
+if RANK == 0:
+    hog = []
+    try:
+        while True:
+            hog.append(open(os.devnull))
+    except OSError:
+        hog.pop().close()  # one for the file below
+    (HERE / "hogging").write_text("1")
+    hog.append(open(os.devnull))
+    u0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    wait_for_go()
+    u1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    for f in hog:
+        f.close()
+    cpu = (u1.ru_utime + u1.ru_stime) - (u0.ru_utime + u0.ru_stime)
+    (HERE / "cost0.json").write_text(json.dumps(dict(cpu=cpu, wall=t1 - t0)))
+else:
+    wait_for_go()
+''')
+
+
+def test_rank_0_out_of_descriptors_sheds_connections_without_spinning(ranks):
+    procs = ranks.start(HOG_JOB, 2)
+    wait_files(ranks.tmp_path, ["formed0", "formed1", "hogging"], procs=procs)
+    closed = 0
+    for _ in range(20):
+        with connect(ranks.port) as s:
+            s.settimeout(5)
+            closed += read_until_closed(s) == b""  # accepted and closed at once: no descriptor to keep it
+    time.sleep(2)
+    (ranks.tmp_path / "go").write_text("1")
+    results = ranks.wait(procs, timeout=60)
+    check_job(ranks, results, 2)
+    assert closed == 20
+    import json
+    cost = json.loads((ranks.tmp_path / "cost0.json").read_text())
+    assert cost["cpu"] < 0.35 * cost["wall"], f"rank 0 used {cost['cpu']:.2f} s of CPU in {cost['wall']:.2f} s"
+    err0 = next(r.err for r in results if r.rank == 0)
+    assert "no file descriptor left" in err0, err0
