@@ -1,13 +1,23 @@
-"""The optional shared secret (CYXWIZ_SECRET): ranks prove they hold it; the secret never travels."""
+"""The shared secret (CYXWIZ_SECRET): ranks and rank 0 prove to each other that they hold it, over
+fresh nonces (a recorded exchange cannot be replayed); the secret never travels. The launcher and
+spawn make a random one per job; an open job on a network address is warned about."""
 
 import hashlib
 import hmac
 import json
 import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
 import pycyxwiz as cx
+from test_rendezvous import FAILING_INIT, JOB, check_job, connect, last_json
 
 ALL_REDUCE = """
 import json, numpy as np, pycyxwiz as cx
@@ -66,15 +76,6 @@ def test_repr_never_shows_the_secret(monkeypatch):
 
 # ------------------------------------------------------------------------ the handshake is mutual
 
-import re
-import socket
-import struct
-import subprocess
-import sys
-import threading
-import time
-
-from test_rendezvous import FAILING_INIT, JOB, check_job, connect, last_json, wait_files
 
 
 class RecordingProxy:

@@ -7,9 +7,11 @@ stranger that disturbs the job fails the test.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import struct
+import threading
 import time
 
 import pytest
@@ -144,7 +146,6 @@ def test_a_connection_flood_on_rank_0_neither_blocks_the_job_nor_spins(ranks, ma
             s.close()
     check_job(ranks, results, 2)
     assert formed_after < 6, f"the job formed {formed_after:.1f} s after rank 1 started"
-    import json
     cost = json.loads((ranks.tmp_path / "cost0.json").read_text())
     assert cost["cpu"] < 0.35 * cost["wall"], f"rank 0 used {cost['cpu']:.2f} s of CPU in {cost['wall']:.2f} s"
     err0 = next(r.err for r in results if r.rank == 0)
@@ -261,8 +262,6 @@ CHECK = 3
 def test_pipelined_requests_cost_linear_time(ranks):
     """500000 requests sent at once (a stranger in a job without a secret, or a busy client): rank 0
     answers them all within a few seconds, in order, and the job forms after."""
-    import threading
-
     procs = ranks.start(JOB, 2, ranks=[0])
     s = connect(ranks.port)
     s.sendall(hello(""))
@@ -331,7 +330,6 @@ def test_rank_0_out_of_descriptors_sheds_connections_without_spinning(ranks):
     results = ranks.wait(procs, timeout=60)
     check_job(ranks, results, 2)
     assert closed == 20
-    import json
     cost = json.loads((ranks.tmp_path / "cost0.json").read_text())
     assert cost["cpu"] < 0.35 * cost["wall"], f"rank 0 used {cost['cpu']:.2f} s of CPU in {cost['wall']:.2f} s"
     err0 = next(r.err for r in results if r.rank == 0)
