@@ -334,3 +334,30 @@ def test_rank_0_out_of_descriptors_sheds_connections_without_spinning(ranks):
     assert cost["cpu"] < 0.35 * cost["wall"], f"rank 0 used {cost['cpu']:.2f} s of CPU in {cost['wall']:.2f} s"
     err0 = next(r.err for r in results if r.rank == 0)
     assert "no file descriptor left" in err0, err0
+
+
+def test_a_client_that_never_reads_its_answers_is_closed(ranks):
+    """Requests whose answers are never read pile up on rank 0: past 32 MiB it closes the
+    connection (a rank reads each answer before it asks again); the job forms after."""
+    procs = ranks.start(JOB, 2, ranks=[0])
+    s = connect(ranks.port)
+    s.sendall(hello(""))
+    assert s.recv(8) == bytes(8)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # keep the answers on rank 0's side
+    request = (struct.pack("<BBHIQ", CHECK, 0, 0, 1, 0) + b"k") * 100_000
+    s.settimeout(30)
+    closed = False
+    try:
+        for _ in range(40):  # 4 million requests: 68 MB of answers
+            s.sendall(request)
+        time.sleep(1)  # rank 0 reads what the kernel buffered
+        s.sendall(request)
+    except (ConnectionResetError, BrokenPipeError):
+        closed = True
+    finally:
+        s.close()
+    assert closed, "rank 0 kept accepting requests whose answers nobody read"
+    procs += ranks.start(JOB, 2, ranks=[1])
+    results = ranks.wait(procs, timeout=60)
+    check_job(ranks, results, 2)
+    assert "MiB of answers unread" in next(r.err for r in results if r.rank == 0)

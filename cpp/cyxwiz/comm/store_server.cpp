@@ -27,6 +27,7 @@ constexpr uint64_t kMaxValueBytes = 16ull << 20;
 constexpr uint64_t kMaxStoredBytes = 64ull << 20;
 constexpr size_t kMaxKeys = 65536;
 constexpr size_t kMaxWaitingGets = 64;  // per connection; a rank has one request out at a time
+constexpr uint64_t kMaxUnsentBytes = 2 * kMaxValueBytes;  // answers a connection leaves unread
 // A rank sends its hello as soon as it connects: a connection silent for this long is a stranger.
 constexpr int64_t kHelloTimeoutMs = 3000;
 // Consumed bytes at the front of a buffer are dropped once they are this many and half of it.
@@ -164,8 +165,16 @@ class Loop {
   }
 
   void send(Connection& c, const std::vector<uint8_t>& bytes) {
+    if (c.dead) return;
+    if (c.out.size() - c.outPos > kMaxUnsentBytes) {
+      // A rank reads each answer before it asks again; this one sends requests and reads nothing.
+      logWarning(makeString("rendezvous: closed the connection of rank ", c.rank, " (", c.address, "): it left ",
+                            (c.out.size() - c.outPos) >> 20, " MiB of answers unread"));
+      return lost(c);
+    }
+    bool idle = !wantsToWrite(c);  // else the peer is slow to read: POLLOUT resumes, no syscall per answer
     c.out.insert(c.out.end(), bytes.begin(), bytes.end());
-    onWritable(c);
+    if (idle) onWritable(c);
   }
 
   void reply(Connection& c, const std::string& value) { send(c, frame(0, 0, 0, value)); }
