@@ -41,7 +41,7 @@ def wait_for(*names):
 """
 
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
-            "MASTER_PORT", "CYXWIZ_JOB_ID", "CYXWIZ_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
+            "MASTER_PORT", "CYXWIZ_JOB_ID", "CYXWIZ_SECRET", "CYXWIZ_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT",
             "PYTHONUNBUFFERED", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "PMI_SIZE")
 ENV_DUMP = f"""
 out = Path(sys.argv[1])
@@ -451,20 +451,24 @@ def test_node_0_prints_the_command_for_the_other_nodes_and_it_works(tmp_path):
     node0 = launch([*common, "--node-rank", "0", str(s), str(tmp_path / "a")], tmp_path)
     assert node0.returncode == 0, node0.stderr
     assert "cannot reach it" in node0.stderr  # 127.0.0.1 with two nodes
-    printed = re.search(r"^\[launch\] on node 1 run: (python -m pycyxwiz\.launch .*)$", node0.stderr, re.M)
+    printed = re.search(r"^\[launch\] on node 1 run: CYXWIZ_SECRET=([0-9a-f]{64}) (python -m pycyxwiz\.launch .*)$",
+                        node0.stderr, re.M)
     assert printed, node0.stderr
     envs = read_envs(tmp_path / "a")
     job_id = envs[0]["CYXWIZ_JOB_ID"]
-    assert printed.group(1) == (f"python -m pycyxwiz.launch --nproc-per-node 2 --nnodes 2 --node-rank 1 "
+    assert printed.group(2) == (f"python -m pycyxwiz.launch --nproc-per-node 2 --nnodes 2 --node-rank 1 "
                                 f"--master-addr 127.0.0.1 --master-port {port} --job-id {job_id} "
                                 f"{shlex.quote(str(s))} {shlex.quote(str(tmp_path / 'a'))}")
+    secret = printed.group(1)  # node 0 made the job's secret and gave it to its ranks
 
-    words = shlex.split(printed.group(1))
-    node1 = launch(words[1:], tmp_path, command=[sys.executable])  # the printed command, as typed on node 1
+    words = shlex.split(printed.group(2))
+    # The printed command, as typed on node 1.
+    node1 = launch(words[1:], tmp_path, env=clean_env(CYXWIZ_SECRET=secret), command=[sys.executable])
     assert node1.returncode == 0, node1.stderr
     envs = read_envs(tmp_path / "a")
     assert set(envs) == {0, 1, 2, 3}
     assert {e["CYXWIZ_JOB_ID"] for e in envs.values()} == {job_id}
+    assert {e["CYXWIZ_SECRET"] for e in envs.values()} == {secret}
     for rank, e in envs.items():
         assert (e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["LOCAL_RANK"]) == ("4", "2", str(rank % 2))
         assert e["NODE_RANK"] == e["GROUP_RANK"] == str(rank // 2)

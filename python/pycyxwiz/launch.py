@@ -233,9 +233,19 @@ def attempt_job_id(base: str, attempt: int) -> str:
     return base if attempt == 0 else hashlib.sha256(f"{base}/{attempt}".encode()).hexdigest()[:16]
 
 
+def job_secret(opts: argparse.Namespace) -> str | None:
+    """The job's CYXWIZ_SECRET: the user's (set, even empty, it wins), else a fresh random one made by
+    node 0, which prints it in the other nodes' command lines; None on another node without one."""
+    if "CYXWIZ_SECRET" in os.environ:
+        return os.environ["CYXWIZ_SECRET"]
+    return secrets.token_hex(32) if opts.node_rank == 0 else None
+
+
 def rank_env(opts: argparse.Namespace, local_rank: int, addr: str, port: int, job_id: str,
-             attempt: int) -> dict[str, str]:
+             attempt: int, secret: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in FOREIGN_RANK_VARS}
+    if secret is not None:
+        env["CYXWIZ_SECRET"] = secret
     n, k = opts.nproc_per_node, opts.node_rank
     env.update(RANK=str(k * n + local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(opts.nnodes * n),
                LOCAL_WORLD_SIZE=str(n), NODE_RANK=str(k), GROUP_RANK=str(k), MASTER_ADDR=addr,
@@ -458,7 +468,8 @@ class Group:
 # --------------------------------------------------------------------------------------------- main
 
 
-def other_node_commands(opts: argparse.Namespace, addr: str, port: int, job_id: str) -> list[str]:
+def other_node_commands(opts: argparse.Namespace, addr: str, port: int, job_id: str,
+                        secret: str | None = None) -> list[str]:
     extra = []
     if opts.max_restarts:
         extra += ["--max-restarts", str(opts.max_restarts)]
@@ -467,9 +478,11 @@ def other_node_commands(opts: argparse.Namespace, addr: str, port: int, job_id: 
     if opts.no_prefix:
         extra.append("--no-prefix")
     target = (["-m"] if opts.module else ["--"] if opts.target.startswith("-") else []) + [opts.target, *opts.args]
-    return [_quote(["python", "-m", "pycyxwiz.launch", "--nproc-per-node", str(opts.nproc_per_node),
-                    "--nnodes", str(opts.nnodes), "--node-rank", str(k), "--master-addr", addr,
-                    "--master-port", str(port), "--job-id", job_id, *extra, *target])
+    # The secret travels in the environment, not on the command line, where `ps` would show it.
+    env = "" if secret is None else (f"set CYXWIZ_SECRET={secret}&& " if os.name == "nt" else f"CYXWIZ_SECRET={secret} ")
+    return [env + _quote(["python", "-m", "pycyxwiz.launch", "--nproc-per-node", str(opts.nproc_per_node),
+                          "--nnodes", str(opts.nnodes), "--node-rank", str(k), "--master-addr", addr,
+                          "--master-port", str(port), "--job-id", job_id, *extra, *target])
             for k in range(1, opts.nnodes)]
 
 
@@ -497,19 +510,23 @@ def _launch(opts: argparse.Namespace, out: Output, signals: Signals, watchdog: W
                 f"reach it; pass node 0's network address with --master-addr")
     base = None
     status = 0
+    secret = job_secret(opts)
+    if secret is None:
+        out.log("INFO: CYXWIZ_SECRET is not set: run the command that node 0's launcher printed, which sets it")
     for attempt in range(opts.max_restarts + 1):
         if m == 1:
             port = check_port(port, explicit, out.log)
         if base is None:
             base = base_job_id(opts, addr, port)
             if m > 1 and node == 0:
-                for k, line in enumerate(other_node_commands(opts, addr, port, base), start=1):
+                made = "CYXWIZ_SECRET" not in os.environ  # the user's own secret is never printed
+                for k, line in enumerate(other_node_commands(opts, addr, port, base, secret if made else None), start=1):
                     out.log(f"on node {k} run: {line}")
         job_id = attempt_job_id(base, attempt)
         first = node * n
         out.log(f"INFO: ranks {first}..{first + n - 1} of world size {m * n} (node {node} of {m}), "
                 f"master {addr}:{port}, job id {job_id}, restart {attempt}; command: {_quote(opts.command)}")
-        group = Group([(first + i, i, opts.command, rank_env(opts, i, addr, port, job_id, attempt))
+        group = Group([(first + i, i, opts.command, rank_env(opts, i, addr, port, job_id, attempt, secret))
                        for i in range(n)], out, signals, opts.kill_timeout, watchdog)
         try:
             status = group.run()

@@ -4,12 +4,14 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <vector>
 
+#include "cyxwiz/comm/tcp_store.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
@@ -19,7 +21,27 @@ namespace {
 
 constexpr size_t kMaxKeyBytes = 4096;
 constexpr std::chrono::milliseconds kTimeoutVerdictWindow{1000};
-constexpr uint64_t kMaxValueBytes = 64ull << 20;
+// The quota. A job stores a few dozen bytes per rank; these bounds only stop a stranger (or a bug)
+// from filling rank 0's memory.
+constexpr uint64_t kMaxValueBytes = 16ull << 20;
+constexpr uint64_t kMaxStoredBytes = 64ull << 20;
+constexpr size_t kMaxKeys = 65536;
+constexpr size_t kMaxWaitingGets = 64;  // per connection; a rank has one request out at a time
+constexpr uint64_t kMaxUnsentBytes = 2 * kMaxValueBytes;  // answers a connection leaves unread
+// A rank sends its hello as soon as it connects: a connection silent for this long is a stranger.
+constexpr int64_t kHelloTimeoutMs = 3000;
+// Consumed bytes at the front of a buffer are dropped once they are this many and half of it.
+constexpr size_t kCompactBytes = 64 << 10;
+
+void compact(std::vector<uint8_t>& buf, size_t& pos) {
+  if (pos == buf.size()) {
+    buf.clear();
+    pos = 0;
+  } else if (pos >= kCompactBytes && pos * 2 >= buf.size()) {
+    buf.erase(buf.begin(), buf.begin() + static_cast<long>(pos));
+    pos = 0;
+  }
+}
 
 int64_t toInteger(const std::string& s) {
   try {
@@ -30,14 +52,18 @@ int64_t toInteger(const std::string& s) {
 }
 
 struct Connection {
-  enum State { Handshake, Store, Monitor } state = Handshake;
+  enum State { Store, Monitor } state = Store;
   Socket socket;
   std::string address;
   int rank = -1;
-  Deadline helloDeadline;
+  // Reading and writing move an offset; the consumed front is dropped now and then (compact), so
+  // that many pipelined requests cost linear time.
   std::vector<uint8_t> in;
+  size_t inPos = 0;
   std::vector<uint8_t> out;
-  bool closeAfterFlush = false;
+  size_t outPos = 0;
+  size_t waitingGets = 0;
+  uint64_t skip = 0;  // bytes of a refused request still to drop
   bool saidGoodbye = false;
   bool dead = false;
 };
@@ -45,14 +71,38 @@ struct Connection {
 // The loop's state; lives on the server thread only.
 class Loop {
  public:
-  Loop(const JobIdentity& job, int64_t handshakeTimeoutMs) : job_(job), handshakeTimeoutMs_(handshakeTimeoutMs) {}
+  explicit Loop(const JobIdentity& job) : job_(job) {}
 
-  void accept(Socket s) {
+  // Who may join, once the gate has checked the hello and the secret.
+  std::string admission(const wire::Hello& hello, bool* later) {
+    bool monitor = hello.channel == wire::Channel::Monitor;
+    for (auto& other : conns_) {
+      if (!other->dead && other->rank == static_cast<int>(hello.rank) && (other->state == Connection::Monitor) == monitor) {
+        return makeString("rank ", hello.rank, " has already joined from ", other->address,
+                          ": two processes were given the same rank");
+      }
+    }
+    std::string refusal = checkGeneration(hello, job_);
+    *later = !refusal.empty();
+    return refusal;
+  }
+
+  void admit(HelloGate::Arrival a) {
     auto c = std::make_unique<Connection>();
-    c->address = s.peerAddress();
-    c->socket = std::move(s);
-    c->helloDeadline = deadlineAfterMs(handshakeTimeoutMs_);
+    c->state = a.hello.channel == wire::Channel::Monitor ? Connection::Monitor : Connection::Store;
+    c->rank = static_cast<int>(a.hello.rank);
+    c->address = a.address;
+    c->socket = std::move(a.socket);
+    c->in = std::move(a.rest);
     conns_.push_back(std::move(c));
+    Connection& added = *conns_.back();
+    if (added.state == Connection::Monitor && aborted_) {
+      // Joined after the job already failed: it must not start working.
+      send(added, frame(static_cast<uint8_t>(wire::Notice::Abort), static_cast<uint8_t>(wire::ErrorKind::Network), 0,
+                        "the job failed before this rank joined"));
+    }
+    while (!added.dead && parseOne(added)) {
+    }
   }
 
   std::vector<std::unique_ptr<Connection>>& connections() { return conns_; }
@@ -71,31 +121,23 @@ class Loop {
       if (st.done < sizeof buf) break;
     }
     // Requests that arrived just before the close still count (a goodbye, then exit).
-    while (!c.dead && !c.closeAfterFlush && parseOne(c)) {
+    while (!c.dead && parseOne(c)) {
     }
+    compact(c.in, c.inPos);
     if (closed) lost(c);
   }
 
   void onWritable(Connection& c) {
-    while (!c.out.empty()) {
-      IoStatus st = c.socket.sendAll(c.out.data(), c.out.size(), Clock::now());
-      c.out.erase(c.out.begin(), c.out.begin() + static_cast<long>(st.done));
-      if (st.kind == IoStatus::TimedOut) return;  // kernel buffer full: poll for POLLOUT again
+    while (c.outPos < c.out.size()) {
+      IoStatus st = c.socket.sendAll(c.out.data() + c.outPos, c.out.size() - c.outPos, Clock::now());
+      c.outPos += st.done;
+      if (st.kind == IoStatus::TimedOut) break;  // kernel buffer full: poll for POLLOUT again
       if (!st.ok()) return lost(c);
     }
-    if (c.closeAfterFlush) c.dead = true;
+    compact(c.out, c.outPos);
   }
 
-  void expireSilent() {
-    for (auto& c : conns_) {
-      if (c->state == Connection::Handshake && !c->dead && !c->closeAfterFlush && Clock::now() > c->helloDeadline) {
-        logWarning(makeString("rendezvous: closed a connection from ", c->address, " that sent ",
-                              describeStrangerBytes(c->in.data(), c->in.size()), " and no pycyxwiz hello within ",
-                              handshakeTimeoutMs_, " ms"));
-        c->dead = true;
-      }
-    }
-  }
+  bool wantsToWrite(const Connection& c) const { return c.outPos < c.out.size(); }
 
   void sweep() {
     std::vector<std::unique_ptr<Connection>> keep;
@@ -123,20 +165,29 @@ class Loop {
   }
 
   void send(Connection& c, const std::vector<uint8_t>& bytes) {
+    if (c.dead) return;
+    if (c.out.size() - c.outPos > kMaxUnsentBytes) {
+      // A rank reads each answer before it asks again; this one sends requests and reads nothing.
+      logWarning(makeString("rendezvous: closed the connection of rank ", c.rank, " (", c.address, "): it left ",
+                            (c.out.size() - c.outPos) >> 20, " MiB of answers unread"));
+      return lost(c);
+    }
+    bool idle = !wantsToWrite(c);  // else the peer is slow to read: POLLOUT resumes, no syscall per answer
     c.out.insert(c.out.end(), bytes.begin(), bytes.end());
-    onWritable(c);
+    if (idle) onWritable(c);
   }
 
   void reply(Connection& c, const std::string& value) { send(c, frame(0, 0, 0, value)); }
+  // A request refused: the rank raises DistStoreError with `why`.
+  void replyError(Connection& c, const std::string& why) {
+    logWarning(makeString("rendezvous: refused a request of rank ", c.rank, " (", c.address, "): ", why));
+    send(c, frame(1, 0, 0, why));
+  }
 
   // A connection ended. A monitor that never said goodbye means its rank died: tell the others.
   void lost(Connection& c) {
     if (c.dead) return;
     c.dead = true;
-    if (c.state == Connection::Handshake && !c.closeAfterFlush) {
-      logWarning(makeString("rendezvous: a connection from ", c.address, " closed without a pycyxwiz hello (it sent ",
-                            describeStrangerBytes(c.in.data(), c.in.size()), "): a port scan, or a process of another program"));
-    }
     // A rank that reported its failure and then left is not news; one that just vanished is.
     if (c.state == Connection::Monitor && !c.saidGoodbye && !reported_.count(c.rank)) {
       abortJob(c.rank, wire::ErrorKind::Network,
@@ -193,32 +244,81 @@ class Loop {
 
  private:
   bool parseOne(Connection& c) {
-    if (c.state == Connection::Handshake) return parseHello(c);
-    if (c.in.size() < wire::kFrameBytes) return false;
-    wire::Frame f = wire::decodeFrame(c.in.data());
-    if (f.word > kMaxKeyBytes || f.length > kMaxValueBytes) {
-      logWarning(makeString("rendezvous: rank ", c.rank, " (", c.address, ") sent a malformed request; closing it"));
+    if (c.skip > 0) {  // the rest of a refused value: read and dropped, never stored
+      size_t n = std::min<uint64_t>(c.skip, c.in.size() - c.inPos);
+      c.inPos += n;
+      c.skip -= n;
+      if (c.skip > 0) return false;
+    }
+    const uint8_t* at = c.in.data() + c.inPos;
+    size_t have = c.in.size() - c.inPos;
+    if (have < wire::kFrameBytes) return false;
+    wire::Frame f = wire::decodeFrame(at);
+    if (f.word > kMaxKeyBytes) {
+      logWarning(makeString("rendezvous: rank ", c.rank, " (", c.address, ") sent a malformed request (a key of ", f.word,
+                            " bytes, at most ", kMaxKeyBytes, "); closing it"));
       lost(c);
       return false;
     }
+    if (f.length > kMaxValueBytes) {
+      c.inPos += wire::kFrameBytes;
+      c.skip = f.word + f.length;
+      replyError(c, quotaError(makeString("a value of ", f.length, " bytes is over the quota of ", kMaxValueBytes >> 20,
+                                          " MiB per value")));
+      return true;
+    }
     size_t total = wire::kFrameBytes + f.word + f.length;
-    if (c.in.size() < total) return false;
-    std::string key(reinterpret_cast<const char*>(c.in.data()) + wire::kFrameBytes, f.word);
-    std::string value(reinterpret_cast<const char*>(c.in.data()) + wire::kFrameBytes + f.word, f.length);
-    c.in.erase(c.in.begin(), c.in.begin() + static_cast<long>(total));
+    if (have < total) return false;
+    std::string key(reinterpret_cast<const char*>(at) + wire::kFrameBytes, f.word);
+    std::string value(reinterpret_cast<const char*>(at) + wire::kFrameBytes + f.word, f.length);
+    c.inPos += total;
     handle(c, static_cast<wire::StoreOp>(f.type), f.kind, key, value);
     return true;
+  }
+
+  static std::string quotaError(const std::string& what) {
+    return makeString(what, ": rank 0's rendezvous store holds only the job's addresses (its quota: ", kMaxValueBytes >> 20,
+                      " MiB per value, ", kMaxStoredBytes >> 20, " MiB and ", kMaxKeys, " keys in all); the caller is "
+                      "not a rank of this job, or runs another pycyxwiz version: start the job with a random "
+                      "CYXWIZ_SECRET (the launcher and spawn make one) so that strangers cannot join");
+  }
+
+  // "" when storing value under key stays within the quota, else why not.
+  std::string overQuota(const std::string& key, size_t valueBytes) const {
+    auto it = data_.find(key);
+    size_t before = it == data_.end() ? 0 : key.size() + it->second.size();
+    if (valueBytes > kMaxValueBytes) {
+      return quotaError(makeString("a value of ", valueBytes, " bytes is over the quota of ", kMaxValueBytes >> 20, " MiB per value"));
+    }
+    if (it == data_.end() && data_.size() >= kMaxKeys) return quotaError(makeString("a new key would exceed ", kMaxKeys, " keys"));
+    if (storedBytes_ - before + key.size() + valueBytes > kMaxStoredBytes) {
+      return quotaError(makeString("storing ", valueBytes, " bytes under '", key.substr(0, 64), "' would exceed ",
+                                   kMaxStoredBytes >> 20, " MiB in all"));
+    }
+    return "";
+  }
+
+  void store(const std::string& key, const std::string& value) {
+    auto it = data_.find(key);
+    if (it != data_.end()) storedBytes_ -= key.size() + it->second.size();
+    data_[key] = value;
+    storedBytes_ += key.size() + value.size();
   }
 
   void handle(Connection& c, wire::StoreOp op, uint8_t kind, const std::string& key, const std::string& value) {
     switch (op) {
       case wire::StoreOp::Set: {
-        data_[key] = value;
+        std::string over = overQuota(key, value.size());
+        if (!over.empty()) return replyError(c, over);
+        store(key, value);
         reply(c, "");
         auto it = waiters_.find(key);
         if (it != waiters_.end()) {
           for (Connection* w : it->second) {
-            if (w != nullptr && !w->dead) reply(*w, value);
+            if (w != nullptr && !w->dead) {
+              --w->waitingGets;
+              reply(*w, value);
+            }
           }
           waiters_.erase(it);
         }
@@ -227,14 +327,19 @@ class Loop {
       case wire::StoreOp::Get: {
         auto it = data_.find(key);
         if (it != data_.end()) return reply(c, it->second);
+        if (c.waitingGets >= kMaxWaitingGets) return replyError(c, makeString("more than ", kMaxWaitingGets, " gets wait at once"));
+        ++c.waitingGets;
         waiters_[key].push_back(&c);
         return;
       }
       case wire::StoreOp::Check: return reply(c, data_.count(key) ? "1" : "0");
       case wire::StoreOp::Add: {
-        int64_t now = toInteger(data_[key]) + toInteger(value);
-        data_[key] = std::to_string(now);
-        return reply(c, data_[key]);
+        auto it = data_.find(key);
+        std::string now = std::to_string((it == data_.end() ? 0 : toInteger(it->second)) + toInteger(value));
+        std::string over = overQuota(key, now.size());
+        if (!over.empty()) return replyError(c, over);
+        store(key, now);
+        return reply(c, now);
       }
       case wire::StoreOp::Abort:
         reported_.insert(c.rank);
@@ -246,65 +351,10 @@ class Loop {
     lost(c);
   }
 
-  bool parseHello(Connection& c) {
-    size_t have = c.in.size() < 8 ? c.in.size() : 8;
-    if (std::memcmp(c.in.data(), wire::kHelloMagic, have) != 0) {
-      logWarning(makeString("rendezvous: refused a connection from ", c.address, ": not a pycyxwiz peer (it sent ",
-                            describeStrangerBytes(c.in.data(), c.in.size()), ")"));
-      c.dead = true;
-      return false;
-    }
-    if (c.in.size() < wire::kHelloBytes) return false;
-    wire::Hello hello;
-    wire::decodeHello(c.in.data(), &hello);
-    size_t length = wire::kHelloBytes + ((hello.flags & wire::kHelloHasProof) ? wire::kProofBytes : 0);
-    if (c.in.size() < length) return false;
-    wire::Channel channel = hello.channel == wire::Channel::Monitor ? wire::Channel::Monitor : wire::Channel::Store;
-    std::string refusal = checkHello(hello, channel, job_);
-    if (refusal.empty()) {
-      refusal = checkProof(c.in.data(), hello, length > wire::kHelloBytes ? c.in.data() + wire::kHelloBytes : nullptr, job_.secret);
-    }
-    c.in.erase(c.in.begin(), c.in.begin() + static_cast<long>(length));
-    if (refusal.empty()) {
-      for (auto& other : conns_) {
-        if (other.get() != &c && !other->dead && other->state != Connection::Handshake &&
-            other->rank == static_cast<int>(hello.rank) &&
-            (other->state == Connection::Monitor) == (channel == wire::Channel::Monitor)) {
-          refusal = makeString("rank ", hello.rank, " has already joined from ", other->address,
-                               ": two processes were given the same rank");
-        }
-      }
-    }
-    bool later = false;
-    if (refusal.empty()) {
-      refusal = checkGeneration(hello, job_);
-      later = !refusal.empty();
-    }
-    if (!refusal.empty()) {
-      if (later) {
-        logDebug(makeString("rendezvous: asked ", c.address, " (rank ", hello.rank, ") to come back: ", refusal));
-      } else {
-        logWarning(makeString("rendezvous: refused a connection from ", c.address, " (rank ", hello.rank, "): ", refusal));
-      }
-      c.closeAfterFlush = true;
-      send(c, encodeHelloReply(refusal, later));
-      return false;
-    }
-    c.rank = static_cast<int>(hello.rank);
-    c.state = channel == wire::Channel::Monitor ? Connection::Monitor : Connection::Store;
-    send(c, std::vector<uint8_t>(8, 0));
-    if (c.state == Connection::Monitor && aborted_) {
-      // Joined after the job already failed: it must not start working.
-      send(c, frame(static_cast<uint8_t>(wire::Notice::Abort), static_cast<uint8_t>(wire::ErrorKind::Network), 0,
-                    "the job failed before this rank joined"));
-    }
-    return true;
-  }
-
   JobIdentity job_;
-  int64_t handshakeTimeoutMs_;
   std::vector<std::unique_ptr<Connection>> conns_;
   std::map<std::string, std::string> data_;
+  size_t storedBytes_ = 0;  // keys and values of data_
   std::map<std::string, std::vector<Connection*>> waiters_;
   bool aborted_ = false;
   std::set<int> reported_;  // ranks that told us why they stop
@@ -319,11 +369,38 @@ class Loop {
 
 }  // namespace
 
-StoreServer::StoreServer(int port, int span, const JobIdentity& job, int64_t handshakeTimeoutMs)
-    : port_(port), job_(job), handshakeTimeoutMs_(handshakeTimeoutMs) {
+namespace {
+
+// Once per process: an open job on a real network is worth one line, not one per init().
+void warnIfOpen(const DistributedConfig& config, const std::string& bound, int port) {
+  static std::atomic<bool> warned{false};
+  if (config.worldSize < 2 || !config.secret.empty() || isLoopbackAddress(bound) || warned.exchange(true)) return;
+  logWarning(makeString("init: this job of ", config.worldSize, " ranks has no shared secret and serves its rendezvous on ",
+                        config.masterAddr, ":", port, ", which other machines may reach: any process that reaches it "
+                        "can take the seat of a rank that has not joined yet. Set the same random CYXWIZ_SECRET on every "
+                        "rank (python -m pycyxwiz.launch and cx.distributed.spawn make one), or keep the ports behind a "
+                        "firewall"));
+}
+
+}  // namespace
+
+StoreServer::StoreServer(const DistributedConfig& config) : port_(config.masterPort), job_(jobIdentityOf(config)) {
+  const int port = config.masterPort, span = config.portSpan;
+  // A loopback job listens on loopback only; else the interface that MASTER_ADDR names, or every
+  // interface when that address is not this machine's own (behind NAT, a load balancer).
+  std::string ip = listenAddressFor(config.masterAddr);
   int err = 0;
-  for (int p = port; p < port + span && !listener_.valid(); ++p) listener_ = Socket::listenAny(p, 1024, &err);
-  if (!listener_.valid()) {
+  Socket listener;
+  for (int p = port; p < port + span && !listener.valid(); ++p) {
+    listener = Socket::listenOn(ip, p, 1024, &err);
+    if (!listener.valid() && err == EADDRNOTAVAIL && !ip.empty()) {
+      logInfo(makeString("init: MASTER_ADDR '", config.masterAddr, "' (", ip, ") is not an address of this machine; "
+                         "rank 0 serves the rendezvous on every interface"));
+      ip.clear();
+      listener = Socket::listenOn(ip, p, 1024, &err);
+    }
+  }
+  if (!listener.valid()) {
     std::string why = err == EADDRINUSE
                           ? "another job, or a process left over from an earlier run, is using it: stop it, or choose "
                             "a free port with MASTER_PORT (the same on every rank); the launcher picks a free port by "
@@ -333,7 +410,10 @@ StoreServer::StoreServer(int port, int span, const JobIdentity& job, int64_t han
     throw NetworkError(makeString(rankPrefix(), "init: rank 0 cannot serve the rendezvous on ", ports, ": ",
                                   errnoString(err), "; ", why));
   }
-  port_ = listener_.localPort();
+  port_ = listener.localPort();
+  warnIfOpen(config, ip, port_);
+  gate_ = std::make_unique<HelloGate>(std::move(listener), job_, false, std::min<int64_t>(config.timeoutMs, kHelloTimeoutMs),
+                                      "rendezvous");
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) throw NetworkError(makeString("init: pipe failed: ", errnoString(errno)));
   wakeRead_ = fds[0];
@@ -353,33 +433,35 @@ void StoreServer::stop() {
   char b = 1;
   (void)!::write(wakeWrite_, &b, 1);
   thread_.join();
-  listener_.close();
+  gate_->close();
 }
 
 void StoreServer::run() {
-  Loop loop(job_, handshakeTimeoutMs_);
+  Loop loop(job_);
+  HelloGate::Decide decide = [&loop](const wire::Hello& hello, const std::string&, bool* later) {
+    return loop.admission(hello, later);
+  };
   std::vector<pollfd> fds;
   while (!stopping_) {
     auto& conns = loop.connections();
-    fds.assign({{listener_.fd(), POLLIN, 0}, {wakeRead_, POLLIN, 0}});
-    for (auto& c : conns) fds.push_back({c->socket.fd(), static_cast<short>(POLLIN | (c->out.empty() ? 0 : POLLOUT)), 0});
-    int rc = ::poll(fds.data(), fds.size(), loop.timeoutPending() ? 20 : 200);
+    fds.assign({{wakeRead_, POLLIN, 0}});
+    gate_->addPollFds(fds);
+    size_t first = fds.size();
+    for (auto& c : conns) fds.push_back({c->socket.fd(), static_cast<short>(POLLIN | (loop.wantsToWrite(*c) ? POLLOUT : 0)), 0});
+    int timeout = loop.timeoutPending() ? 20 : 200;
+    int gateMs = gate_->msUntilNextDeadline();
+    if (gateMs >= 0) timeout = std::min(timeout, gateMs + 1);
+    int rc = ::poll(fds.data(), fds.size(), timeout);
     if (rc < 0 && errno != EINTR) break;
     if (rc > 0) {
       for (size_t i = 0; i < conns.size(); ++i) {
-        short ev = fds[i + 2].revents;
+        short ev = fds[first + i].revents;
         if (ev & POLLOUT) loop.onWritable(*conns[i]);
         if (ev & (POLLIN | POLLHUP | POLLERR)) loop.onReadable(*conns[i]);
       }
-      if (fds[0].revents & POLLIN) {
-        for (;;) {
-          Socket s = listener_.accept(Clock::now());
-          if (!s.valid()) break;
-          loop.accept(std::move(s));
-        }
-      }
     }
-    loop.expireSilent();
+    // The gate's events, accepts and hello deadlines; admitted ranks join the loop.
+    for (auto& arrival : gate_->handle(fds.data() + 1, decide)) loop.admit(std::move(arrival));
     loop.decideTimeout();
     loop.sweep();
   }

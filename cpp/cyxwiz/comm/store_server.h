@@ -7,22 +7,27 @@
 // within moments instead of leaving them blocked until their timeout.
 //
 // One thread, one poll loop, a small state machine per connection; a silent or garbled connection
-// costs nothing but a log line.
+// costs nothing but a log line (the HelloGate sees to it). The store holds what the rendezvous
+// needs (the ranks' addresses) and refuses more than a quota: 16 MiB per value, 64 MiB and 65536
+// keys in all.
 #pragma once
 
 #include <atomic>
 #include <thread>
 
-#include "cyxwiz/comm/cpu/handshake.h"
-#include "cyxwiz/comm/cpu/socket.h"
+#include <memory>
+
+#include "cyxwiz/comm/config.h"
+#include "cyxwiz/comm/cpu/hello_gate.h"
 
 namespace cyxwiz::comm {
 
 class StoreServer {
  public:
-  // Binds the first free port of port .. port + span - 1 (NetworkError naming it when all are busy)
+  // Binds the first free port of masterPort .. masterPort + portSpan - 1 on the interface that
+  // MASTER_ADDR names (loopback for a loopback job; NetworkError naming the port when all are busy)
   // and starts serving.
-  StoreServer(int port, int span, const JobIdentity& job, int64_t handshakeTimeoutMs);
+  explicit StoreServer(const DistributedConfig& config);
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
@@ -34,10 +39,9 @@ class StoreServer {
  private:
   void run();
 
-  Socket listener_;
+  std::unique_ptr<HelloGate> gate_;
   int port_;
   JobIdentity job_;
-  int64_t handshakeTimeoutMs_;
   int wakeRead_ = -1, wakeWrite_ = -1;
   std::atomic<bool> stopping_{false};
   std::thread thread_;

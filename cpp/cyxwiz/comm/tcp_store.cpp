@@ -86,6 +86,7 @@ std::string TcpStore::request(wire::StoreOp op, const std::string& key, const st
     throw NetworkError(makeString(rankPrefix(), "store: lost the connection to rank 0 (", master_, "): ", st.describe(),
                                   "; rank 0 died or finalized"));
   }
+  if (head[0] != 0) throw StoreError(makeString(rankPrefix(), "store: rank 0's store (", master_, ") refused key '", key, "': ", reply));
   return reply;
 }
 

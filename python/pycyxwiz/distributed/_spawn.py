@@ -54,9 +54,12 @@ def _run_rank(fn: Callable, local_rank: int, args: Sequence[Any], results) -> No
 
 
 def _rank_env(rank: int, local_rank: int, world: int, nprocs: int, node_rank: int, addr: str, port: int,
-              job_id: str) -> dict[str, str]:
-    return dict(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(nprocs),
-                NODE_RANK=str(node_rank), MASTER_ADDR=addr, MASTER_PORT=str(port), CYXWIZ_JOB_ID=job_id)
+              job_id: str, secret: Optional[str] = None) -> dict[str, str]:
+    env = dict(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(nprocs),
+               NODE_RANK=str(node_rank), MASTER_ADDR=addr, MASTER_PORT=str(port), CYXWIZ_JOB_ID=job_id)
+    if secret is not None:
+        env["CYXWIZ_SECRET"] = secret
+    return env
 
 
 def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: int = 1, node_rank: int = 0,
@@ -89,6 +92,9 @@ def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: in
     # Every node derives the same id from the endpoint; one node gets a fresh one per call.
     job_id = hashlib.sha256(f"{addr}:{port}".encode()).hexdigest()[:16] if nnodes > 1 else secrets.token_hex(8)
     world = nnodes * nprocs
+    # A fresh random secret per job on one node; several nodes cannot agree on one without talking,
+    # so there the user's CYXWIZ_SECRET (the same on every node) is used as it is.
+    secret = None if "CYXWIZ_SECRET" in os.environ or nnodes > 1 else secrets.token_hex(32)
 
     context = multiprocessing.get_context("spawn")
     results = context.SimpleQueue()
@@ -102,7 +108,7 @@ def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: in
             for name in FOREIGN_RANK_VARS:
                 os.environ.pop(name, None)
             os.environ.update(_rank_env(node_rank * nprocs + local_rank, local_rank, world, nprocs, node_rank,
-                                        addr, port, job_id))
+                                        addr, port, job_id, secret))
             p = context.Process(target=_run_rank, args=(fn, local_rank, tuple(args), results),
                                 name=f"pycyxwiz-rank-{local_rank}", daemon=False)
             p.start()

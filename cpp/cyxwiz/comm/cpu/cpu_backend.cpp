@@ -78,7 +78,7 @@ std::string publishedIp(const DistributedConfig& config, const std::string& viaM
 CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config), spin_(spinBudget(config)) {
   if (config.worldSize > 1) {
     Deadline deadline = deadlineAfterMs(config.timeoutMs);
-    if (config.rank == 0) server_ = std::make_unique<StoreServer>(config.masterPort, config.portSpan, jobIdentityOf(config), std::min<int64_t>(config.timeoutMs, 10000));
+    if (config.rank == 0) server_ = std::make_unique<StoreServer>(config);
     try {
       store_ = std::make_unique<TcpStore>(config, deadline);
       monitor_ = std::make_unique<Monitor>(config, deadline);

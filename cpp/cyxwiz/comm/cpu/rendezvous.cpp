@@ -1,12 +1,15 @@
 #include "cyxwiz/comm/cpu/rendezvous.h"
 
+#include <poll.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <map>
 #include <set>
 #include <thread>
 
 #include "cyxwiz/comm/backend.h"
-#include "cyxwiz/comm/cpu/handshake.h"
+#include "cyxwiz/comm/cpu/hello_gate.h"
 #include "cyxwiz/comm/tcp_store.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
@@ -47,59 +50,106 @@ Pair dialPeer(int rank, const std::string& address, Deadline deadline) {
                                 " published an address this machine cannot reach)"));
 }
 
-// Accepts connections until every rank in `expected` has introduced itself; strangers, other jobs
-// and unexpected ranks are logged and dropped.
-std::map<int, Pair> acceptPeers(const DistributedConfig& config, const Socket& listener, const std::string& published,
-                                std::set<int> expected, Deadline deadline) {
-  JobIdentity job = jobIdentityOf(config);
-  std::map<int, Pair> accepted;
-  while (!expected.empty() && Clock::now() < deadline) {
-    throwIfInterrupted("init");
-    Socket s = listener.accept(std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
-    if (!s.valid()) continue;
-    std::string peer = s.peerAddress();
-    uint8_t buf[wire::kHelloBytes + wire::kProofBytes] = {};
-    Deadline helloBy = std::min(deadline, Clock::now() + std::chrono::seconds(5));
-    IoStatus st = s.recvAll(buf, wire::kHelloBytes, helloBy);
-    wire::Hello hello;
-    if (!st.ok() || !wire::decodeHello(buf, &hello)) {
-      logWarning(makeString("init: dropped a connection from ", peer, " to this rank's ring port: not a pycyxwiz peer (it sent ",
-                            describeStrangerBytes(buf, st.done), ")"));
-      continue;
-    }
-    bool hasProof = (hello.flags & wire::kHelloHasProof) != 0;
-    if (hasProof && !s.recvAll(buf + wire::kHelloBytes, wire::kProofBytes, helloBy).ok()) continue;
-    std::string refusal = checkHello(hello, wire::Channel::Ring, job);
-    if (refusal.empty()) refusal = checkProof(buf, hello, hasProof ? buf + wire::kHelloBytes : nullptr, job.secret);
-    if (refusal.empty()) refusal = checkGeneration(hello, job);
-    if (refusal.empty() && expected.count(static_cast<int>(hello.rank)) == 0) {
-      refusal = makeString("it is rank ", hello.rank, ", which this rank does not expect a link from");
-    }
-    replyHello(s, refusal, helloBy);
-    if (!refusal.empty()) {
-      logWarning(makeString("init: refused a ring connection from ", peer, ": ", refusal));
-      continue;
-    }
-    int from = static_cast<int>(hello.rank);
-    expected.erase(from);
-    accepted[from] = Pair{std::move(s), from, peer};
+// A link this rank dialed, its hello under way.
+struct Dialed {
+  Pair pair;
+  CallerHello hello;
+  std::vector<uint8_t> in;
+};
+
+// Reads what the acceptor sent and advances the handshake; throws when it refused the link.
+void advanceDialed(Dialed& d, Deadline deadline) {
+  size_t have = d.in.size();
+  d.in.resize(d.hello.need());
+  IoStatus st = d.pair.socket.recvSome(d.in.data() + have, d.in.size() - have);
+  d.in.resize(have + st.done);
+  if (!st.ok()) {
+    throw NetworkError(makeString(rankPrefix(), "init: ", d.pair.name(), " closed this rank's link during the hello: ",
+                                  st.describe(), " (it failed, or refused this rank without a reason)"));
   }
-  if (expected.empty()) return accepted;
-  std::string missing;
-  for (int r : expected) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  throw TimeoutError(makeString(rankPrefix(), "init: Timeout waiting for peers: rank ", missing,
-                                " did not connect to this rank's published address ", published, " within ", config.timeoutMs,
-                                " ms (a firewall may block the ports that ranks open for each other)"));
+  if (d.in.size() < d.hello.need()) return;
+  std::vector<uint8_t> out = d.hello.feed(d.in.data());
+  d.in.clear();
+  if (!out.empty() && !(st = d.pair.socket.sendAll(out.data(), out.size(), deadline)).ok()) {
+    throw NetworkError(makeString(rankPrefix(), "init: ", d.pair.name(), " left during the hello: ", st.describe()));
+  }
+  if (d.hello.done() && d.hello.answer().kind != HelloAnswer::Welcome) {
+    throw NetworkError(makeString(rankPrefix(), "init: ", d.pair.name(), " refused this rank's link: ", d.hello.answer().reason));
+  }
 }
+
+// Runs the hellos of the links this rank dialed and accepts the ranks in `expected`, all under one
+// poll: strangers on the ring port (silent, garbled, another job) wait or are refused beside the
+// real ranks, never in front of them.
+std::map<int, Pair> handshakeLinks(const DistributedConfig& config, HelloGate& gate, std::vector<Dialed>& dialed,
+                                   const std::string& published, const std::set<int>& accept, Deadline deadline) {
+  std::set<int> expected = accept;
+  JobIdentity job = jobIdentityOf(config);
+  HelloGate::Decide decide = [&](const wire::Hello& hello, const std::string&, bool* later) -> std::string {
+    *later = false;
+    std::string refusal = checkGeneration(hello, job);
+    if (refusal.empty() && expected.count(static_cast<int>(hello.rank)) == 0) {
+      refusal = makeString("it is rank ", hello.rank, ", which this rank does not expect a link from (any more)");
+    }
+    if (refusal.empty()) expected.erase(static_cast<int>(hello.rank));
+    return refusal;
+  };
+  std::map<int, Pair> accepted;
+  std::vector<pollfd> fds;
+  auto dialing = [&] { return std::any_of(dialed.begin(), dialed.end(), [](Dialed& d) { return !d.hello.done(); }); };
+  while ((!expected.empty() || dialing()) && Clock::now() < deadline) {
+    throwIfInterrupted("init");
+    fds.clear();
+    for (Dialed& d : dialed) fds.push_back({d.hello.done() ? -1 : d.pair.socket.fd(), POLLIN, 0});
+    gate.addPollFds(fds);
+    int timeout = std::min(100, msUntil(deadline));
+    int gateMs = gate.msUntilNextDeadline();
+    if (gateMs >= 0) timeout = std::min(timeout, gateMs + 1);
+    int rc = ::poll(fds.data(), fds.size(), timeout);
+    if (rc < 0 && errno != EINTR) throw NetworkError(makeString(rankPrefix(), "init: poll failed: ", errnoString(errno)));
+    for (size_t i = 0; rc > 0 && i < dialed.size(); ++i) {
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) advanceDialed(dialed[i], deadline);
+    }
+    for (auto& arrival : gate.handle(fds.data() + dialed.size(), decide)) {
+      int from = static_cast<int>(arrival.hello.rank);
+      accepted[from] = Pair{std::move(arrival.socket), from, arrival.address};
+    }
+  }
+  if (!expected.empty()) {
+    std::string missing;
+    for (int r : expected) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    throw TimeoutError(makeString(rankPrefix(), "init: Timeout waiting for peers: rank ", missing,
+                                  " did not connect to this rank's published address ", published, " within ",
+                                  config.timeoutMs, " ms (a firewall may block the ports that ranks open for each other)"));
+  }
+  for (int r : accept) {
+    if (!accepted.count(r)) throw NetworkError(makeString(rankPrefix(), "init: rank ", r, " left during its hello to this rank"));
+  }
+  for (Dialed& d : dialed) {
+    if (!d.hello.done()) {
+      throw TimeoutError(makeString(rankPrefix(), "init: Timeout waiting for peers: ", d.pair.name(), " did not answer "
+                                    "this rank's hello within ", config.timeoutMs, " ms"));
+    }
+  }
+  return accepted;
+}
+
+// How long a connection to the ring port may take to say its hello: ranks say it at once.
+constexpr int64_t kRingHelloTimeoutMs = 3000;
 
 }  // namespace
 
 RingLinks connectRing(const DistributedConfig& config, Store& store, const std::string& localIp, Deadline deadline) {
   const int rank = config.rank, n = config.worldSize;
   int err = 0;
-  Socket listener = Socket::listenAny(0, 16, &err);
-  if (!listener.valid()) throw NetworkError(makeString(rankPrefix(), "init: cannot open a listening socket: ", errnoString(err)));
+  // Only on the interface the others reach this rank on (loopback for a loopback job).
+  Socket listener = Socket::listenOn(localIp, 0, 64, &err);
+  if (!listener.valid()) {
+    throw NetworkError(makeString(rankPrefix(), "init: cannot open a listening socket on ", localIp, ": ", errnoString(err)));
+  }
   const std::string published = makeString(localIp, ":", listener.localPort());
+  HelloGate gate(std::move(listener), jobIdentityOf(config), true, std::min<int64_t>(config.timeoutMs, kRingHelloTimeoutMs),
+                 "init: ring port");
   store.set(addressKey(rank), published, deadline);
 
   std::vector<std::string> keys;
@@ -119,25 +169,23 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
   hello.worldSize = static_cast<uint32_t>(n);
   hello.rank = static_cast<uint32_t>(rank);
   hello.generation = config.generation;
-  std::vector<Pair> dialed;
+  std::vector<Dialed> dialed;
   for (int p : dial) {
-    dialed.push_back(dialPeer(p, store.get(addressKey(p), deadline), deadline));
-    sendHello(dialed.back().socket, hello, config.secret, deadline);
-  }
-  std::map<int, Pair> accepted = acceptPeers(config, listener, published, accept, deadline);
-  for (Pair& pair : dialed) {
-    HelloAnswer answer = awaitHelloReply(pair.socket, deadline);
-    if (answer.kind != HelloAnswer::Welcome) {
-      throw NetworkError(makeString(rankPrefix(), "init: ", pair.name(), " refused this rank's link: ", answer.reason));
+    dialed.push_back({dialPeer(p, store.get(addressKey(p), deadline), deadline), CallerHello(hello, config.secret, p), {}});
+    const std::vector<uint8_t>& opening = dialed.back().hello.opening();
+    IoStatus st = dialed.back().pair.socket.sendAll(opening.data(), opening.size(), deadline);
+    if (!st.ok()) {
+      throw NetworkError(makeString(rankPrefix(), "init: ", dialed.back().pair.name(), " closed this rank's link: ", st.describe()));
     }
   }
+  std::map<int, Pair> accepted = handshakeLinks(config, gate, dialed, published, accept, deadline);
   RingLinks links;
-  links.right = std::move(dialed[0]);
+  links.right = std::move(dialed[0].pair);
   links.left = std::move(accepted[leftRank]);
   for (int p : butterflyPartners(rank, n)) {
     if (p > rank) {
-      for (Pair& pair : dialed) {
-        if (pair.rank == p && pair.socket.valid()) links.partners.push_back(std::move(pair));
+      for (Dialed& d : dialed) {
+        if (d.pair.rank == p && d.pair.socket.valid()) links.partners.push_back(std::move(d.pair));
       }
     } else {
       links.partners.push_back(std::move(accepted[p]));

@@ -1,7 +1,8 @@
-// Opening the ring: every rank publishes the address of its own listener in the store, waits until
-// all ranks have done so, connects to rank r+1 (and to its higher butterfly partners) and accepts
-// rank r-1 (and its lower partners). Hellos are sent before any answer is awaited, so no rank waits
-// on a circle of others.
+// Opening the ring: every rank publishes the address of its own listener (bound to that address
+// only) in the store, waits until all ranks have done so, connects to rank r+1 (and to its higher
+// butterfly partners) and accepts rank r-1 (and its lower partners). Hellos are sent before any
+// answer is awaited and every handshake, dialed or accepted, advances under one poll, so no rank
+// waits on a circle of others, and strangers on the port wait beside the real ranks (HelloGate).
 #pragma once
 
 #include <vector>

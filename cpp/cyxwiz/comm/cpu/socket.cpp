@@ -34,6 +34,20 @@ std::string errnoString(int err) {
 
 bool isLoopbackAddress(const std::string& ip) { return ip.rfind("127.", 0) == 0; }
 
+std::string listenAddressFor(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return "";
+  char ip[INET_ADDRSTRLEN] = "";
+  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, ip, sizeof ip);
+  ::freeaddrinfo(res);
+  bool loopbackName = isLoopbackAddress(host) || host == "localhost";
+  if (isLoopbackAddress(ip) && !loopbackName) return "";
+  return ip;
+}
+
 std::string firstExternalIp() {
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return "";
@@ -103,7 +117,7 @@ bool waitFor(int fd, short events, Deadline deadline) {
 
 }  // namespace
 
-Socket Socket::listenAny(int port, int backlog, int* err) {
+Socket Socket::listenOn(const std::string& ip, int port, int backlog, int* err) {
   Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!s.valid()) {
     *err = errno;
@@ -115,6 +129,10 @@ Socket Socket::listenAny(int port, int backlog, int* err) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (!ip.empty() && ::inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) {
+    *err = EADDRNOTAVAIL;
+    return Socket();
+  }
   addr.sin_port = htons(static_cast<uint16_t>(port));
   if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(s.fd(), backlog) != 0) {
     *err = errno;
@@ -177,6 +195,21 @@ Socket Socket::accept(Deadline deadline) const {
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return Socket();
     if (!waitFor(fd_, POLLIN, deadline)) return Socket();
+  }
+}
+
+Socket Socket::acceptNow(int* err) const {
+  for (;;) {
+    int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      Socket s(fd);
+      s.setNoDelay();
+      *err = 0;
+      return s;
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    *err = errno;
+    return Socket();
   }
 }
 

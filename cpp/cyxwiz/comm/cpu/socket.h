@@ -39,14 +39,17 @@ class Socket {
   bool valid() const { return fd_ >= 0; }
   void close();
 
-  // Listens on all IPv4 interfaces; port 0 picks a free one. Returns an invalid socket and sets
-  // `err` (EADDRINUSE, ...) when the port cannot be bound.
-  static Socket listenAny(int port, int backlog, int* err);
+  // Listens on the IPv4 address `ip` ("" = every interface); port 0 picks a free one. Returns an
+  // invalid socket and sets `err` (EADDRINUSE, EADDRNOTAVAIL, ...) when it cannot be bound.
+  static Socket listenOn(const std::string& ip, int port, int backlog, int* err);
   // One connection attempt to host:port; invalid socket + errno in `err` on failure (ECONNREFUSED,
   // ETIMEDOUT when the deadline passes, EHOSTUNREACH, or EAI_* name errors reported as ENOENT).
   static Socket connectTo(const std::string& host, int port, Deadline deadline, int* err);
   // Waits for one incoming connection until the deadline; invalid socket when none came.
   Socket accept(Deadline deadline) const;
+  // One incoming connection if one is pending; else an invalid socket and errno in `err` (EAGAIN
+  // when none is pending, EMFILE/ENFILE when this process has no descriptor left).
+  Socket acceptNow(int* err) const;
 
   void setNonBlocking();
   void setNoDelay();
@@ -67,6 +70,11 @@ class Socket {
 
 std::string errnoString(int err);
 bool isLoopbackAddress(const std::string& ip);  // 127.x.x.x
+// The address to listen on for a job whose ranks reach this machine as `host`: the loopback address
+// for a loopback job ("127.0.0.1", "localhost"), else the IPv4 address `host` resolves to; "" (every
+// interface) for a name that resolves to loopback here but names the machine for others (Debian's
+// 127.0.1.1) or one that does not resolve.
+std::string listenAddressFor(const std::string& host);
 // The first IPv4 address of an interface that is up and not loopback; "" when there is none.
 std::string firstExternalIp();
 

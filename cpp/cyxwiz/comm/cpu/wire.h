@@ -15,15 +15,15 @@
 namespace cyxwiz::comm::wire {
 
 constexpr char kHelloMagic[8] = {'C', 'Y', 'X', 'W', 'I', 'Z', 'R', 'V'};
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;  // 2: mutual challenge-response with a secret
 constexpr uint32_t kCallMagic = 0x4c435843;  // "CXCL"
 constexpr size_t kHelloBytes = 40;
 constexpr size_t kCallHeaderBytes = 32;
 constexpr size_t kFrameBytes = 16;
 constexpr size_t kMaxReasonBytes = 4096;
-// With a shared secret, the hello is followed by a proof: nonce (16) + HMAC-SHA256 (32).
+// With a shared secret, the hello is followed by the caller's nonce and a challenge-response
+// (handshake.h).
 constexpr uint16_t kHelloHasProof = 1;
-constexpr size_t kProofBytes = 48;
 
 enum class Channel : uint16_t { Store = 1, Monitor = 2, Ring = 3 };
 const char* channelName(Channel c);
