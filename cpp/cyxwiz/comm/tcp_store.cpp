@@ -102,9 +102,9 @@ std::string TcpStore::request(wire::StoreOp op, const std::string& key, const st
 void TcpStore::notMaster(const std::string& what) {
   std::string peer = socket_.peerAddress();
   socket_.close();  // the rest of its stream means nothing
-  throw StoreError(makeString(rankPrefix(), "store: rank 0's store at ", peer == "?" ? master_ : peer, " sent ", what,
-                              ": the peer at ", peer == "?" ? master_ : peer, " is not a pycyxwiz master of this job "
-                              "(another program on that port?); check MASTER_ADDR and MASTER_PORT"));
+  throw StoreError(makeString(rankPrefix(), "store: the peer at ", peer == "?" ? master_ : peer,
+                              ", where rank 0's store should be, sent ", what, ": it is not a pycyxwiz master of this "
+                              "job (another program on that port?); check MASTER_ADDR and MASTER_PORT"));
 }
 
 void TcpStore::set(const std::string& key, const std::string& value, Deadline deadline) {

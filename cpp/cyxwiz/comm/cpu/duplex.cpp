@@ -204,11 +204,12 @@ void Duplex::peerLost(const Pair& peer, bool receiving, int err, size_t done, si
 
 void Duplex::timedOut(bool receiving, size_t done, size_t total) {
   const Pair& peer = receiving ? *left_ : *right_;
-  // A peer that is stopped or busy still has a kernel that acknowledges; a cut cable does not.
+  // A peer that is stopped or busy still has a kernel that acknowledges; a cut cable does not (and
+  // has been silent for about the timeout, unlike a probe that is merely in flight).
   const Pair* other = receiving ? right_ : left_;
   for (const Pair* p : {&peer, other}) {
     int64_t silentMs = 0;
-    if (p->socket.peerUnresponsive(&silentMs)) {
+    if (p->socket.peerUnresponsive(&silentMs) && silentMs >= timeoutMs_ / 2) {
       unreachable(*p, p == left_, makeString("its machine acknowledged nothing for ", silentMs, " ms"), done, total);
     }
   }
