@@ -475,3 +475,134 @@ def test_work_wait_timeout_then_wait_again(watch):
     for p in procs:
         _, res = p.record("RESULT")
         assert res == {"a": [3.0] * 8, "b": [12.0] * 3}, report
+
+
+# ------------------------------------------------- finalize while another thread is in a collective
+
+FINALIZE_CODE = r'''
+import threading
+D.barrier()
+emit("READY")
+if RANK == 1:
+    time.sleep(6.0)               # the slow peer: rank 0's collective waits on it
+    t0 = time.monotonic()
+    try:
+        D.all_reduce(np.ones(1 << 16, np.float32))
+        emit("RESULT")
+    except Exception as e:
+        error(e, t0)
+    sys.exit(0)
+box = {}
+def blocked():
+    t0 = time.monotonic()
+    try:
+        a = np.ones(1 << 16, np.float32)
+        D.all_reduce(a)
+        box["result"] = float(a[0])
+    except BaseException as e:
+        box["error"], box["t0"] = e, t0
+th = threading.Thread(target=blocked)
+th.start()
+time.sleep(1.0)                   # the thread is blocked in the collective by now
+t1 = time.monotonic()
+D.finalize()
+emit("FINALIZED", elapsed=time.monotonic() - t1)
+th.join(timeout=30)
+emit("JOINED", alive=th.is_alive())
+if "error" in box:
+    error(box["error"], box["t0"], "THREAD_ERROR")
+else:
+    emit("THREAD_RESULT", first=box.get("result"))
+'''
+
+
+def test_finalize_while_another_thread_is_in_a_collective(watch):
+    procs = watch.start(FINALIZE_CODE, 2, env={"DISTRIBUTED_TIMEOUT_MS": "4000"})
+    watch.finish(procs, timeout=40)
+    report = watch.report(procs)
+    r0 = procs[0]
+    assert r0.popen.returncode == 0, report  # no crash, no hang
+    _, fin = r0.record("FINALIZED")
+    assert fin["elapsed"] < 3.0, report   # it does not wait for the blocked call's timeout
+    assert r0.record("JOINED")[1] == {"alive": False}, report
+    # The blocked call ends at once with an error that says what happened to it.
+    assert not r0.has("THREAD_RESULT"), report
+    _, e = r0.record("THREAD_ERROR")
+    assert e["cls"] == "DistNetworkError" and e["network"], report
+    assert_message_prefix(e["msg"], 0, 2)
+    assert "finalize() was called on another thread" in e["msg"], report
+    assert "rank 1 (127.0.0.1:" in e["msg"], report   # the peer it was waiting on
+    assert "Bad file descriptor" not in e["msg"], report
+    assert e["elapsed"] < 1.0 + 3.0, report
+    # The peer is told, and fails rather than waiting for its timeout.
+    assert procs[1].popen.returncode == 0, report
+    _, e1 = procs[1].record("ERROR")
+    assert e1["cls"] == "DistNetworkError", report
+
+
+# ---------------------------------------------------- the timeout counts time without progress
+
+PROGRESS_CODE = r'''
+a = np.full(64 << 20, RANK + 1.0, np.float32)      # 256 MB: more work than the 10 ms windows below allow
+D.barrier()
+emit("READY")
+t0 = time.monotonic()
+try:
+    D.all_reduce(a)
+    emit("RESULT", elapsed=time.monotonic() - t0, ok=bool((a == 3.0).all()))
+except Exception as e:
+    error(e, t0)
+    sys.exit(3)
+D.barrier()
+if RANK == 1:
+    emit("PARKED")                # the test stops this rank for good now
+    time.sleep(120)
+    sys.exit(0)
+time.sleep(0.5)
+t0 = time.monotonic()
+try:
+    D.all_reduce(np.ones(1 << 20, np.float32))
+    emit("UNEXPECTED_SUCCESS")
+except Exception as e:
+    error(e, t0, "STOPPED")
+'''
+
+
+def test_timeout_is_time_without_progress(watch):
+    """A slow link that keeps moving is not a timeout; a peer that stops moving still is.
+
+    For 1.5 x the 4 s timeout, rank 1 is stopped for 1.2 s and resumed for 10 ms in turns
+    (SIGSTOP/SIGCONT), then left to finish: a 256 MB all_reduce takes longer than the timeout in
+    total while no wait lasts 4 s (a window that rank 1 misses on a busy machine leaves 2.4 s)."""
+    timeout_s = 4.0
+    procs = watch.start(PROGRESS_CODE, 2, env={"DISTRIBUTED_TIMEOUT_MS": str(int(timeout_s * 1000))})
+    watch.wait_line(procs, "READY", timeout=60)
+    r0, r1 = procs
+    pg = r1.popen.pid
+    until = time.monotonic() + 1.5 * timeout_s
+    try:
+        while time.monotonic() < until and not (r1.has("RESULT") or r1.has("ERROR")) and r1.popen.poll() is None:
+            os.killpg(pg, signal.SIGSTOP)
+            time.sleep(1.2)
+            os.killpg(pg, signal.SIGCONT)
+            time.sleep(0.01)
+    finally:
+        os.killpg(pg, signal.SIGCONT)
+    watch.wait_line([r1], "PARKED", timeout=30)
+    stopped_at = time.monotonic()
+    os.killpg(pg, signal.SIGSTOP)
+    watch.finish([r0], timeout=30)
+    report = watch.report(procs)
+
+    for p in procs:
+        assert not p.has("ERROR"), f"rank {p.rank}: a collective that kept moving failed:\n{report}"
+        _, res = p.record("RESULT")
+        assert res["ok"], report
+    # It did take longer than the timeout (else this test proves nothing).
+    assert r0.record("RESULT")[1]["elapsed"] > timeout_s, report
+    # A peer stopped for longer than the timeout: DistTimeoutError after about the timeout
+    # (plus rank 0's one-second wait for the other ranks' reports).
+    arrived, e = r0.record("STOPPED")
+    assert e["cls"] == "DistTimeoutError", report
+    assert timeout_s - 0.2 <= e["elapsed"] < timeout_s + 3.0, report
+    assert arrived - stopped_at < 0.5 + timeout_s + 3.0, report

@@ -121,14 +121,22 @@ def hello(job_id="", world_size=2, rank=1, channel=1, version=2, magic=b"CYXWIZR
     return magic + struct.pack("<IHHQIIII", version, channel, 0, fnv1a(job_id), world_size, rank, generation, 0)
 
 
-def connect(port, timeout=30.0) -> socket.socket:
+def connect(port, timeout=30.0, rcvbuf=None) -> socket.socket:
+    """rcvbuf: a receive buffer set before connecting. Shrunk after the connection opened, the
+    window already advertised outgrows it and the kernel drops the peer's segments, ACKs included:
+    the connection stalls both ways."""
     deadline = time.monotonic() + timeout
     while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            if rcvbuf:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            s.settimeout(5)
+            s.connect(("127.0.0.1", port))
             s.settimeout(15)
             return s
         except OSError:
+            s.close()
             assert time.monotonic() < deadline, f"nothing listens on port {port}"
             time.sleep(0.05)
 

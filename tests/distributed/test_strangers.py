@@ -340,10 +340,9 @@ def test_a_client_that_never_reads_its_answers_is_closed(ranks):
     """Requests whose answers are never read pile up on rank 0: past 32 MiB it closes the
     connection (a rank reads each answer before it asks again); the job forms after."""
     procs = ranks.start(JOB, 2, ranks=[0])
-    s = connect(ranks.port)
+    s = connect(ranks.port, rcvbuf=4096)  # keep the answers on rank 0's side
     s.sendall(hello(""))
     assert s.recv(8) == bytes(8)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # keep the answers on rank 0's side
     request = (struct.pack("<BBHIQ", CHECK, 0, 0, 1, 0) + b"k") * 100_000
     s.settimeout(30)
     closed = False

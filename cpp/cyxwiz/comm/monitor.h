@@ -43,6 +43,9 @@ class Monitor {
   void goodbye();
 
  private:
+  // What a peer that sends a notice rank 0 never sends gets: the line is closed, the job stopped.
+  Failure notMaster(const std::string& what);
+
   Socket socket_;
   std::vector<uint8_t> in_;
   bool shutdown_ = false;

@@ -23,7 +23,7 @@ constexpr size_t kMaxKeyBytes = 4096;
 constexpr std::chrono::milliseconds kTimeoutVerdictWindow{1000};
 // The quota. A job stores a few dozen bytes per rank; these bounds only stop a stranger (or a bug)
 // from filling rank 0's memory.
-constexpr uint64_t kMaxValueBytes = 16ull << 20;
+constexpr uint64_t kMaxValueBytes = wire::kMaxStoreValueBytes;
 constexpr uint64_t kMaxStoredBytes = 64ull << 20;
 constexpr size_t kMaxKeys = 65536;
 constexpr size_t kMaxWaitingGets = 64;  // per connection; a rank has one request out at a time
@@ -181,7 +181,7 @@ class Loop {
   // A request refused: the rank raises DistStoreError with `why`.
   void replyError(Connection& c, const std::string& why) {
     logWarning(makeString("rendezvous: refused a request of rank ", c.rank, " (", c.address, "): ", why));
-    send(c, frame(1, 0, 0, why));
+    send(c, frame(1, 0, 0, why.substr(0, wire::kMaxReasonBytes)));  // the rank reads at most this
   }
 
   // A connection ended. A monitor that never said goodbye means its rank died: tell the others.

@@ -3,6 +3,7 @@
 #include "cyxwiz/comm/backend.h"
 
 #include <cerrno>
+#include <charconv>
 #include <thread>
 #include <vector>
 
@@ -34,7 +35,10 @@ Socket dialRendezvous(const DistributedConfig& config, wire::Channel channel, De
     Socket s = Socket::connectTo(config.masterAddr, port, attempt, &err);
     if (s.valid()) {
       HelloAnswer answer = sayHello(s, hello, config.secret, std::min(deadline, Clock::now() + std::chrono::seconds(5)));
-      if (answer.kind == HelloAnswer::Welcome) return s;
+      if (answer.kind == HelloAnswer::Welcome) {
+        s.setLiveness(config.timeoutMs);  // an idle monitor still notices a cut cable to rank 0
+        return s;
+      }
       if (answer.kind == HelloAnswer::Refused && config.portSpan == 1) {
         throw StoreError(makeString(rankPrefix(), "init: rank 0's rendezvous at ", master, " refused this rank: ", answer.reason));
       }
@@ -73,6 +77,14 @@ std::string TcpStore::request(wire::StoreOp op, const std::string& key, const st
   std::string reply;
   if (st.ok()) {
     wire::Frame f = wire::decodeFrame(head);
+    // Checked before allocating: the length is the peer's word, and the peer may not be rank 0.
+    // Type 0 answers, type 1 is the store's refusal with its reason.
+    const uint64_t cap = f.type == 0 ? wire::kMaxStoreValueBytes : wire::kMaxReasonBytes;
+    if (f.type > 1 || f.length > cap) {
+      notMaster(f.type > 1 ? makeString("a reply of unknown type ", static_cast<int>(f.type))
+                           : makeString("a reply of ", f.length, " bytes (", f.type == 0 ? "a store value" : "a refusal",
+                                        " holds at most ", cap, ")"));
+    }
     reply.resize(f.length);
     st = socket_.recvAll(reply.data(), reply.size(), deadline);
   }
@@ -90,6 +102,14 @@ std::string TcpStore::request(wire::StoreOp op, const std::string& key, const st
   return reply;
 }
 
+void TcpStore::notMaster(const std::string& what) {
+  std::string peer = socket_.peerAddress();
+  socket_.close();  // the rest of its stream means nothing
+  throw StoreError(makeString(rankPrefix(), "store: the peer at ", peer == "?" ? master_ : peer,
+                              ", where rank 0's store should be, sent ", what, ": it is not a pycyxwiz master of this "
+                              "job (another program on that port?); check MASTER_ADDR and MASTER_PORT"));
+}
+
 void TcpStore::set(const std::string& key, const std::string& value, Deadline deadline) {
   request(wire::StoreOp::Set, key, value, deadline);
 }
@@ -101,7 +121,13 @@ bool TcpStore::check(const std::string& key, Deadline deadline) {
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta, Deadline deadline) {
-  return std::stoll(request(wire::StoreOp::Add, key, std::to_string(delta), deadline));
+  std::string reply = request(wire::StoreOp::Add, key, std::to_string(delta), deadline);
+  int64_t value = 0;
+  auto [end, err] = std::from_chars(reply.data(), reply.data() + reply.size(), value);
+  if (err != std::errc() || end != reply.data() + reply.size() || reply.empty()) {
+    notMaster(makeString("'", reply.substr(0, 32), "' as the value of counter '", key, "'"));
+  }
+  return value;
 }
 
 }  // namespace cyxwiz::comm

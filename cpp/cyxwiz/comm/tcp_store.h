@@ -29,6 +29,8 @@ class TcpStore : public Store {
 
  private:
   std::string request(wire::StoreOp op, const std::string& key, const std::string& value, Deadline deadline);
+  // The answer cannot come from rank 0's store (a length no store value has, a malformed reply).
+  [[noreturn]] void notMaster(const std::string& what);
 
   Socket socket_;
   std::string master_;  // "host:port", for messages

@@ -86,6 +86,9 @@ CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config), spin_
       left_ = std::move(links.left);
       right_ = std::move(links.right);
       partners_ = std::move(links.partners);
+      left_.socket.setLiveness(config.timeoutMs);
+      right_.socket.setLiveness(config.timeoutMs);
+      for (Pair& p : partners_) p.socket.setLiveness(config.timeoutMs);
     } catch (...) {
       failRendezvous(std::current_exception());
     }
@@ -128,7 +131,8 @@ std::shared_ptr<Work> CpuBackend::submit(CallSignature call, bool async, std::fu
     return work;
   }
   // Work issued earlier runs first; then this call runs here, with no hand-off to another thread.
-  changed_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  changed_.wait(lock, [this] { return closed_ || (queue_.empty() && !busy_); });
+  if (closed_) throw NetworkError(makeString(task.work->description(), ": finalize() was called on another thread before this call could start"));
   runLocked(lock, task, true);
   return work;
 }
@@ -159,7 +163,7 @@ void CpuBackend::execute(Task& task, bool onCaller) {
   try {
     Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work,
               onCaller ? spin_ : std::min(spin_, kMaxAsyncSpin),
-              onCaller ? interruptCheck() : nullptr);
+              onCaller ? interruptCheck() : nullptr, &finalizing_);
     Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call, &left_, &right_, &partners_,
               static_cast<size_t>(config_.ringSliceBytes));
     task.body(ring);
@@ -189,10 +193,11 @@ void CpuBackend::execute(Task& task, bool onCaller) {
         }
       }
     }
-    left_.socket.close();
-    right_.socket.close();
-    for (Pair& p : partners_) p.socket.close();
-    task.body = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);  // shutdown() may be shutting them down on another thread
+      closeLinks();
+    }
+    task.body = nullptr;  // outside the lock: dropping it may release arrays (bindings/gil.h)
     task.work->finish(error);
   }
 }
@@ -217,12 +222,35 @@ void CpuBackend::shutdown() {
   }
   changed_.notify_all();
   if (worker_.joinable()) worker_.join();  // queued collectives finish (each within the timeout)
-  if (monitor_) monitor_->goodbye();
+  // A blocking call on another caller thread may still be using the links. Shut them down (it fails
+  // at once, saying finalize stopped it) and let it leave before closing them: closed under it, a
+  // descriptor number could be reused by the next socket or file this process opens.
+  bool inFlight = false;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (busy_) {
+      finalizing_ = true;
+      left_.socket.shutdownBoth();
+      right_.socket.shutdownBoth();
+      for (Pair& p : partners_) p.socket.shutdownBoth();
+      inFlight = !changed_.wait_for(lock, std::chrono::seconds(5), [this] { return !busy_; });
+    }
+  }
+  if (inFlight) {
+    // Still inside after 5 s: leave its sockets (and the monitor) to it; they close with the backend.
+    logWarning("finalize: a collective on another thread has not returned; its connections close when it does");
+  } else {
+    if (monitor_) monitor_->goodbye();
+    closeLinks();
+  }
+  store_.reset();
+  if (server_) server_->stop();
+}
+
+void CpuBackend::closeLinks() {
   left_.socket.close();
   right_.socket.close();
   for (Pair& p : partners_) p.socket.close();
-  store_.reset();
-  if (server_) server_->stop();
 }
 
 std::shared_ptr<Work> CpuBackend::staged(const CallSignature& call, const Tensor& in, const Tensor& out,

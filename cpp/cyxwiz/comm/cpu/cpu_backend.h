@@ -10,6 +10,7 @@
 // at once with that original error.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -59,6 +60,7 @@ class CpuBackend final : public Backend {
   // Marks the backend busy, runs the task with `lock` released, then wakes whoever waits.
   void runLocked(std::unique_lock<std::mutex>& lock, Task& task, bool onCaller);
   void workerLoop();
+  void closeLinks();
   [[noreturn]] void failRendezvous(std::exception_ptr error);
 
   std::unique_ptr<StoreServer> server_;  // rank 0 only
@@ -76,6 +78,7 @@ class CpuBackend final : public Backend {
   bool busy_ = false;      // a task is running (on either thread)
   bool stopping_ = false;
   bool closed_ = false;
+  std::atomic<bool> finalizing_{false};  // finalize() shut the links down under a call on another thread
   uint64_t sequence_ = 0;
   std::exception_ptr broken_;
   std::thread worker_;

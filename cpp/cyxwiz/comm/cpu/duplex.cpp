@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 
 namespace cyxwiz::comm {
 
@@ -57,10 +58,16 @@ class Cursor {
 
 bool wouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
 
+// Milliseconds from `now` to `deadline`, clamped to [0, INT_MAX] for poll().
+int msBetween(Clock::time_point now, Deadline deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+  return left <= 0 ? 0 : left > INT_MAX ? INT_MAX : static_cast<int>(left);
+}
+
 }  // namespace
 
 Duplex::Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int64_t timeoutMs, const Work& work,
-               std::chrono::microseconds spin, bool (*interrupted)())
+               std::chrono::microseconds spin, bool (*interrupted)(), const std::atomic<bool>* finalizing)
     : left_(left),
       right_(right),
       monitor_(monitor),
@@ -68,7 +75,8 @@ Duplex::Duplex(Pair* left, Pair* right, Monitor* monitor, Deadline deadline, int
       timeoutMs_(timeoutMs),
       work_(work),
       spin_(spin),
-      interrupted_(interrupted) {}
+      interrupted_(interrupted),
+      finalizing_(finalizing) {}
 
 void Duplex::run(Step& step) {
   Cursor out(step.send), in(step.recv);
@@ -127,6 +135,7 @@ void Duplex::run(Step& step) {
     }
     if (moved) {
       idleSince = Deadline{};
+      progressed_ = true;
       continue;
     }
     // Spin briefly before sleeping in poll(): a wake-up costs more than a small message's flight.
@@ -144,7 +153,12 @@ void Duplex::run(Step& step) {
       monitorAt = n;
       fds[n++] = {monitor_->fd(), POLLIN, 0};
     }
-    int wait = msUntil(deadline_);
+    const auto now = Clock::now();
+    if (progressed_) {
+      progressed_ = false;
+      deadline_ = now + std::chrono::milliseconds(timeoutMs_);
+    }
+    int wait = msBetween(now, deadline_);
     if (interrupted_ != nullptr && wait > 100) wait = 100;
     int rc = wait > 0 ? ::poll(fds, static_cast<nfds_t>(n), wait) : 0;
     if (interrupted_ != nullptr && interrupted_()) {
@@ -165,6 +179,13 @@ void Duplex::checkMonitor() {
 void Duplex::raiseNotice(const Failure& failure) { raiseFailure(failure.kind, makeString(what(), ": ", noticeText(failure))); }
 
 void Duplex::peerLost(const Pair& peer, bool receiving, int err, size_t done, size_t total) {
+  if (finalizing_ != nullptr && finalizing_->load()) {
+    throw NetworkError(makeString(what(), ": aborted: finalize() was called on another thread while this collective "
+                                  "was running (it was ", receiving ? "receiving from " : "sending to ", peer.name(),
+                                  "); finalize only after every thread's collectives have returned"));
+  }
+  // The kernel gave up on the peer's machine (TCP_USER_TIMEOUT, keepalive, no route): not a process exit.
+  if (isUnreachableError(err)) unreachable(peer, receiving, errnoString(err), done, total);
   // The monitor usually knows why the peer went away (it died; it failed first): wait a moment for
   // that, so that every rank reports the same first cause.
   if (monitor_ != nullptr) {
@@ -183,11 +204,27 @@ void Duplex::peerLost(const Pair& peer, bool receiving, int err, size_t done, si
 
 void Duplex::timedOut(bool receiving, size_t done, size_t total) {
   const Pair& peer = receiving ? *left_ : *right_;
+  // A peer that is stopped or busy still has a kernel that acknowledges; a cut cable does not (and
+  // has been silent for about the timeout, unlike a probe that is merely in flight).
+  const Pair* other = receiving ? right_ : left_;
+  for (const Pair* p : {&peer, other}) {
+    int64_t silentMs = 0;
+    if (p->socket.peerUnresponsive(&silentMs) && silentMs >= timeoutMs_ / 2) {
+      unreachable(*p, p == left_, makeString("its machine acknowledged nothing for ", silentMs, " ms"), done, total);
+    }
+  }
   throw TimeoutError(makeString(
       what(), ": ", receiving ? "no data from " : "no progress sending to ", peer.name(), " within the timeout of ",
       timeoutMs_, " ms (", done, " of ", total, " bytes of this step): rank ", peer.rank,
       " is stopped, busy, or waiting on another rank that is; check that every rank calls the same collectives, "
       "or raise DISTRIBUTED_TIMEOUT_MS"));
+}
+
+void Duplex::unreachable(const Pair& peer, bool receiving, const std::string& why, size_t done, size_t total) {
+  throw NetworkError(makeString(what(), ": rank ", peer.rank, " at ", peer.address, " unreachable: ", why, " while this rank was ",
+                                receiving ? "receiving from it" : "sending to it", " (", done, " of ", total,
+                                " bytes of this step): a cut cable, a machine that is down or a firewall that drops "
+                                "the traffic; check the network between this machine and ", peer.address));
 }
 
 }  // namespace cyxwiz::comm

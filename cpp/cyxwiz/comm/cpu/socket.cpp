@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -30,6 +31,10 @@ int msUntil(Deadline deadline) {
 std::string errnoString(int err) {
   char buf[256];
   return std::string(strerror_r(err, buf, sizeof buf));
+}
+
+bool isUnreachableError(int err) {
+  return err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN || err == ENETDOWN;
 }
 
 bool isLoopbackAddress(const std::string& ip) { return ip.rfind("127.", 0) == 0; }
@@ -226,6 +231,29 @@ void Socket::setNoDelay() {
 void Socket::setBufferSizes(int bytes) {
   ::setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
   ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+}
+
+void Socket::setLiveness(int64_t timeoutMs) {
+  auto seconds = [](int64_t ms) { return static_cast<int>(std::clamp<int64_t>(ms / 1000, 1, 3600)); };
+  int one = 1, idle = seconds(timeoutMs / 3), interval = seconds(timeoutMs / 6);
+  unsigned userTimeout = static_cast<unsigned>(std::clamp<int64_t>(timeoutMs + timeoutMs / 2, 1000, INT_MAX));
+  ::setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeout, sizeof userTimeout);
+}
+
+void Socket::shutdownBoth() const {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+bool Socket::peerUnresponsive(int64_t* silentMs) const {
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (fd_ < 0 || ::getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;
+  *silentMs = info.tcpi_last_ack_recv;
+  // Retransmitted data or keepalive/window probes still unanswered: its kernel is not there.
+  return info.tcpi_probes > 0 || (info.tcpi_unacked > 0 && info.tcpi_retransmits > 0);
 }
 
 std::string Socket::peerAddress() const {

@@ -54,6 +54,18 @@ class Socket {
   void setNonBlocking();
   void setNoDelay();
   void setBufferSizes(int bytes);
+  // Keepalive probes after timeoutMs/3 of silence and a bound of 1.5 x timeoutMs on unacknowledged
+  // data or probes (TCP_USER_TIMEOUT): a peer whose machine stops answering (a cut cable, a host
+  // that is down) ends the connection with ETIMEDOUT even while nothing is sent. Longer than the
+  // timeout, so that a peer that is only stopped (its kernel still answers) meets the timeout first.
+  void setLiveness(int64_t timeoutMs);
+  // Ends both directions but keeps the descriptor: a call blocked on it on another thread returns
+  // at once, and the number cannot be reused by another socket or file until close().
+  void shutdownBoth() const;
+  // True when the peer's machine is not answering: data or probes outstanding and unacknowledged
+  // (TCP_INFO). A peer whose process is stopped still acknowledges: false. `silentMs`: how long
+  // since it last acknowledged anything.
+  bool peerUnresponsive(int64_t* silentMs) const;
 
   std::string peerAddress() const;   // "10.0.0.5:41234"
   std::string localIp() const;       // the interface this socket uses, "10.0.0.7"
@@ -69,6 +81,8 @@ class Socket {
 };
 
 std::string errnoString(int err);
+// ETIMEDOUT (TCP_USER_TIMEOUT, keepalive), EHOSTUNREACH, ENETUNREACH, ...: the peer's machine cannot be reached.
+bool isUnreachableError(int err);
 bool isLoopbackAddress(const std::string& ip);  // 127.x.x.x
 // The address to listen on for a job whose ranks reach this machine as `host`: the loopback address
 // for a loopback job ("127.0.0.1", "localhost"), else the IPv4 address `host` resolves to; "" (every

@@ -21,6 +21,11 @@ constexpr size_t kHelloBytes = 40;
 constexpr size_t kCallHeaderBytes = 32;
 constexpr size_t kFrameBytes = 16;
 constexpr size_t kMaxReasonBytes = 4096;
+// Caps on lengths a rank reads from rank 0 before it allocates. A pycyxwiz master never sends more
+// (the store refuses larger values, an error reply is a reason, a notice is one rank's message plus
+// a verdict), so a larger length means the peer is not one: it is refused before a byte is allocated.
+constexpr uint64_t kMaxStoreValueBytes = 16ull << 20;
+constexpr uint64_t kMaxNoticeBytes = 1ull << 20;
 // With a shared secret, the hello is followed by the caller's nonce and a challenge-response
 // (handshake.h).
 constexpr uint16_t kHelloHasProof = 1;
