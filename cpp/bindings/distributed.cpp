@@ -71,6 +71,8 @@ std::shared_ptr<Backend> currentBackend(const char* operation) {
   return backend(operation);
 }
 
+// One GIL release per call: the backend lookup (which may wait for init() on another thread) and
+// the collective run in the same released section.
 template <typename F>
 std::shared_ptr<Work> released(F&& f) {
   BlockingCall unlocked;
@@ -196,15 +198,13 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
 
   d.def("all_reduce", [](py::object array, ReduceOp op, bool async) {
     Tensor t = inplaceTensor(array, "all_reduce");
-    auto b = currentBackend("all_reduce");
-    return finish(released([&] { return b->allReduce(t, op, async); }), async, py::none());
+    return finish(released([&] { return backend("all_reduce")->allReduce(t, op, async); }), async, py::none());
   }, py::arg("array"), py::arg("op") = ReduceOp::Sum, py::arg("async_op") = false,
      "Combine `array` across ranks, in place.");
 
   d.def("broadcast", [](py::object array, int src, bool async) {
     Tensor t = inplaceTensor(array, "broadcast");
-    auto b = currentBackend("broadcast");
-    return finish(released([&] { return b->broadcast(t, src, async); }), async, py::none());
+    return finish(released([&] { return backend("broadcast")->broadcast(t, src, async); }), async, py::none());
   }, py::arg("array"), py::arg("src") = 0, py::arg("async_op") = false, "Copy rank `src`'s array into every rank's, in place.");
 
   d.def("all_gather", [](py::object array, bool async) {
@@ -237,8 +237,7 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
   });
 
   d.def("barrier", [](bool async) {
-    auto b = currentBackend("barrier");
-    return finish(released([&] { return b->barrier(async); }), async, py::none());
+    return finish(released([&] { return backend("barrier")->barrier(async); }), async, py::none());
   }, py::arg("async_op") = false, "Wait until every rank has called barrier().");
 
   init_ddp(d);

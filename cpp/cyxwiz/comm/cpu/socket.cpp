@@ -189,20 +189,6 @@ Socket Socket::connectTo(const std::string& host, int port, Deadline deadline, i
   return s;
 }
 
-Socket Socket::accept(Deadline deadline) const {
-  for (;;) {
-    int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd >= 0) {
-      Socket s(fd);
-      s.setNoDelay();
-      return s;
-    }
-    if (errno == EINTR || errno == ECONNABORTED) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return Socket();
-    if (!waitFor(fd_, POLLIN, deadline)) return Socket();
-  }
-}
-
 Socket Socket::acceptNow(int* err) const {
   for (;;) {
     int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);

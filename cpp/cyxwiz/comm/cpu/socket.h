@@ -45,8 +45,6 @@ class Socket {
   // One connection attempt to host:port; invalid socket + errno in `err` on failure (ECONNREFUSED,
   // ETIMEDOUT when the deadline passes, EHOSTUNREACH, or EAI_* name errors reported as ENOENT).
   static Socket connectTo(const std::string& host, int port, Deadline deadline, int* err);
-  // Waits for one incoming connection until the deadline; invalid socket when none came.
-  Socket accept(Deadline deadline) const;
   // One incoming connection if one is pending; else an invalid socket and errno in `err` (EAGAIN
   // when none is pending, EMFILE/ENFILE when this process has no descriptor left).
   Socket acceptNow(int* err) const;
