@@ -49,6 +49,8 @@ void init_cuda(py::module_& m) {
     d["minor"] = p.minor;
     d["total_memory"] = p.totalMemory;
     d["multi_processor_count"] = p.multiProcessors;
+    d["uuid"] = p.uuid;
+    d["pci_bus_id"] = p.pciBusId;
     return d;
   }, py::arg("device") = 0);
   c.def("synchronize", [](int i) {

@@ -6,6 +6,7 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/cuda.h"
+#include "cyxwiz/device/stream_release.h"
 #include "gil.h"
 
 namespace cyxwiz::bindings {
@@ -58,6 +59,7 @@ DLDataType dlType(DType dtype) {
 // What the exported DLManagedTensor points into, freed by the consumer through the deleter.
 struct Export {
   Tensor tensor;
+  uintptr_t consumerStream = 1;  // 0: the consumer asked for no synchronisation (stream=-1)
   std::vector<int64_t> shape;
   DLManagedTensor managed{};
 };
@@ -65,7 +67,14 @@ struct Export {
 void deleteExport(DLManagedTensor* self) {
   // No GIL needed, whichever thread the consumer calls this from: a Python owner of the tensor's
   // storage releases itself through releaseWithGil (gil.h).
-  delete static_cast<Export*>(self->manager_ctx);
+  auto* e = static_cast<Export*>(self->manager_ctx);
+  if (e->tensor.isCuda() && e->consumerStream) {
+    // Our free is stream-ordered on the compute stream; the consumer's kernels that read the memory
+    // may still be queued on its stream, so the compute stream waits for them first. No runtime left
+    // (exit): nothing can read it any more.
+    if (cuda::Api* api = device::tryCudaApi()) api->computeWaitsForStream(e->tensor.device().index, e->consumerStream);
+  }
+  delete e;
 }
 
 // The producer's deleter releases Python objects: it runs with the GIL (gil.h).
@@ -87,7 +96,7 @@ py::tuple dlpackDevice(const Tensor& t) {
   return t.isCuda() ? py::make_tuple(static_cast<int>(kDLCUDA), t.device().index) : py::make_tuple(static_cast<int>(kDLCPU), 0);
 }
 
-py::capsule toDLPack(const Tensor& t) {
+py::capsule toDLPack(const Tensor& t, uintptr_t consumerStream) {
   CYX_CHECK(t.defined(), "__dlpack__: the tensor is empty (undefined)");
   if (t.isCuda()) {
     // The consumer reads on its own stream right away: the engine's queued kernels must be done.
@@ -96,6 +105,7 @@ py::capsule toDLPack(const Tensor& t) {
   }
   auto holder = std::make_unique<Export>();
   holder->tensor = t;
+  holder->consumerStream = consumerStream;
   holder->shape.assign(t.shape().begin(), t.shape().end());
   DLTensor& dl = holder->managed.dl_tensor;
   dl.data = t.rawData();
@@ -163,7 +173,8 @@ Tensor fromDLPack(py::handle obj, const char* what) {
   void* data = static_cast<char*>(dl.data) + dl.byte_offset;
   if (type == kDLCUDA) {
     device::check(device::cudaApi().computeWaitsForStream(index, kLegacyDefaultStream));
-    return Tensor::fromExternal(data, shape, dtype, std::move(owner), Device{DeviceType::CUDA, index});
+    return Tensor::fromExternal(data, shape, dtype, device::releasedAfterCompute(index, std::move(owner)),
+                                Device{DeviceType::CUDA, index});
   }
   return Tensor::fromExternal(data, shape, dtype, std::move(owner));
 }

@@ -6,6 +6,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+
 #include "cyxwiz/tensor/tensor.h"
 
 namespace cyxwiz::bindings {
@@ -13,8 +15,10 @@ namespace cyxwiz::bindings {
 namespace py = pybind11;
 
 // A "dltensor" capsule over the tensor's memory; it keeps the storage alive until the consumer's
-// deleter call. For a GPU tensor, waits for the engine's kernels first (consumers read at once).
-py::capsule toDLPack(const Tensor& t);
+// deleter call. For a GPU tensor, waits for the engine's kernels first (consumers read at once), and
+// the release is ordered after the work queued on `consumerStream` (__dlpack__'s stream: 1 the legacy
+// default stream, 2 the per-thread one, else a cudaStream_t) when the consumer lets go.
+py::capsule toDLPack(const Tensor& t, uintptr_t consumerStream = 1);
 // (device type, device index) as __dlpack_device__ reports it: (1, 0) host, (2, N) cuda:N.
 py::tuple dlpackDevice(const Tensor& t);
 // A tensor over the memory of any object with __dlpack__ (C-contiguous float32/float64/int32/int64,

@@ -7,6 +7,7 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/cuda.h"
+#include "cyxwiz/device/stream_release.h"
 #include "gil.h"
 
 namespace cyxwiz::bindings {
@@ -229,7 +230,9 @@ Tensor cudaArrayTensor(py::handle obj, const char* what) {
       device::check(device::cudaApi().computeWaitsForStream(dev, cai["stream"].cast<uintptr_t>()));
     }
   }
-  return Tensor::fromExternal(ptr, shape, dtype, pythonOwner(py::reinterpret_borrow<py::object>(obj)),
+  // The producer may reuse the memory as soon as we let go of it: only after our queued kernels.
+  return Tensor::fromExternal(ptr, shape, dtype,
+                              device::releasedAfterCompute(dev, pythonOwner(py::reinterpret_borrow<py::object>(obj))),
                               Device{DeviceType::CUDA, dev});
 }
 

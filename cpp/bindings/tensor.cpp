@@ -70,16 +70,23 @@ converted once); ``numpy.asarray(t)``, ``memoryview(t)`` and ``t.numpy()`` are v
       })
       .def("__dlpack__", [](const Tensor& t, py::object stream, py::object maxVersion, py::object dlDevice,
                             py::object copy) {
-        // stream: the consumer's; pycyxwiz waits for its own kernels instead (toDLPack). max_version:
-        // the unversioned capsule is what every consumer of the array API standard still accepts.
-        (void)stream;
+        // stream: the consumer's; pycyxwiz waits for its own kernels at export, and orders the release
+        // after the consumer's stream (toDLPack). None: the legacy default stream (1), as the DLPack spec
+        // says. -1: the consumer asks for no synchronisation. max_version: the unversioned capsule is
+        // what every consumer of the array API standard still accepts.
         (void)maxVersion;
+        uintptr_t consumerStream = 1;
+        if (t.isCuda() && !stream.is_none()) {
+          const auto s = stream.cast<int64_t>();
+          CYX_CHECK(s == -1 || s > 0, "__dlpack__: stream=", s, " is not a CUDA stream (-1, 1, 2 or a cudaStream_t)");
+          consumerStream = s == -1 ? 0 : static_cast<uintptr_t>(s);
+        }
         if (!dlDevice.is_none() && !dlDevice.cast<py::tuple>().equal(cyxwiz::bindings::dlpackDevice(t))) {
           throw py::buffer_error("__dlpack__: this tensor is on " + t.device().str() +
                                  " and is not copied to another device; move it with t.to(...) first");
         }
         const bool copied = !copy.is_none() && copy.cast<bool>();
-        return cyxwiz::bindings::toDLPack(copied ? t.clone() : t);
+        return cyxwiz::bindings::toDLPack(copied ? t.clone() : t, consumerStream);
       }, py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
          py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
          "DLPack export (numpy.from_dlpack, torch.from_dlpack, ...): the same memory, no copy.")

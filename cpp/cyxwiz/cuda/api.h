@@ -19,7 +19,7 @@
 namespace cyxwiz::cuda {
 
 // Bumped on any change below; _core refuses a library of another version.
-constexpr int kApiVersion = 6;
+constexpr int kApiVersion = 7;
 
 using Status = std::string;  // empty: success
 
@@ -45,6 +45,10 @@ struct DeviceProperties {
   int major = 0, minor = 0;  // compute capability
   size_t totalMemory = 0;
   int multiProcessors = 0;
+  // Which physical GPU this is, whatever index or CUDA_VISIBLE_DEVICES spelling names it:
+  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (as nvidia-smi -L) and "0000:3b:00.0".
+  std::string uuid;
+  std::string pciBusId;
 };
 
 class Api {

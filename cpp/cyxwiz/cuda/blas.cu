@@ -1,59 +1,28 @@
-// Row-major GEMM on cuBLAS (column-major): a row-major C is the column-major C^T, and
-// C^T = op(B)^T op(A)^T, so swapping the operands (and m with n) gives the row-major product.
-#include <atomic>
+// The one kernel of the GEMM path (blas.cpp): C = beta * C for k = 0, which cuBLAS would reject
+// (its leading-dimension checks need k >= 1).
+#include <algorithm>
 
-#include "cyxwiz/cuda/api_impl.h"
-#include "cyxwiz/cuda/errors.h"
 #include "cyxwiz/cuda/kernel_utils.cuh"
-#include "cyxwiz/cuda/state.h"
+#include "cyxwiz/cuda/launch.h"
 
 namespace cyxwiz::cuda {
 
 namespace {
 
-std::atomic<bool> gTF32{false};
-
-// C = beta * C for k = 0, which cuBLAS would reject (its leading-dimension checks need k >= 1).
-// beta = 0 writes zeros, as BLAS, so NaNs in an uninitialised C do not survive.
 __global__ void scaleMatrixKernel(float* c, int64_t m, int64_t n, int64_t ldc, float beta) {
   for (int64_t r = blockIdx.y; r < m; r += gridDim.y) {
     for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n;
          j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      float& x = c[r * ldc + j];
-      x = beta == 0.0f ? 0.0f : beta * x;
+      scaleMatrixElement(c, r, j, ldc, beta);
     }
   }
 }
 
 }  // namespace
 
-bool tf32Enabled() noexcept { return gTF32.load(std::memory_order_relaxed); }
-
-void ApiImpl::setTF32(bool enabled) noexcept { gTF32.store(enabled, std::memory_order_relaxed); }
-
-Status ApiImpl::gemm(int dev, bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) noexcept {
-  if (m <= 0 || n <= 0) return {};
-  DeviceState* s = nullptr;
-  CX_TRY(useDevice(dev, &s));
-  if (k <= 0) {
-    if (beta == 1.0f) return {};
-    const dim3 grid(gridFor(n), static_cast<unsigned>(std::min<int64_t>(m, 65535)));
-    scaleMatrixKernel<<<grid, kThreads, 0, s->compute>>>(c, m, n, ldc, beta);
-    return launchStatus("scaleMatrixKernel", dev);
-  }
-  // Off: CUBLAS_DEFAULT_MATH, which promises compute and intermediate precision with at least
-  // FP32's mantissa and exponent bits, so never TF32 (and setting it on every call overrides any
-  // default math mode an environment variable may have given the handle). CUBLAS_PEDANTIC_MATH
-  // would also be plain FP32 but is meant for debugging and may select slower kernels.
-  const cublasMath_t mode = tf32Enabled() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
-  std::lock_guard<std::mutex> lock(s->mutex);  // the math mode belongs to the shared handle
-  CX_CUBLAS_TRY(dev, "cublasSetMathMode", cublasSetMathMode(s->blas, mode));
-  // 64-bit sizes: no overflow for large layers or batches.
-  CX_CUBLAS_TRY(dev, "cublasSgemm",
-                cublasSgemm_64(s->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
-                               &alpha, b, ldb, a, lda, &beta, c, ldc));
-  return {};
+void launchScaleMatrix(cudaStream_t s, float* c, int64_t m, int64_t n, int64_t ldc, float beta) {
+  const dim3 grid(gridFor(n), static_cast<unsigned>(std::min<int64_t>(m, 65535)));
+  scaleMatrixKernel<<<grid, kThreads, 0, s>>>(c, m, n, ldc, beta);
 }
 
 }  // namespace cyxwiz::cuda

@@ -1,6 +1,7 @@
 // Device discovery. None of these needs the per-device state (streams, cuBLAS).
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "cyxwiz/cuda/api_impl.h"
@@ -48,6 +49,18 @@ Status ApiImpl::deviceProperties(int dev, DeviceProperties* out) noexcept {
   out->minor = p.minor;
   out->totalMemory = p.totalGlobalMem;
   out->multiProcessors = p.multiProcessorCount;
+  static const char* kHex = "0123456789abcdef";
+  std::string uuid = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) uuid += '-';
+    const auto b = static_cast<unsigned char>(p.uuid.bytes[i]);
+    uuid += kHex[b >> 4];
+    uuid += kHex[b & 15];
+  }
+  out->uuid = uuid;
+  char bus[32] = {0};
+  std::snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", p.pciDomainID, p.pciBusID, p.pciDeviceID);
+  out->pciBusId = bus;
   return {};
 }
 

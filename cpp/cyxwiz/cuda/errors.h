@@ -19,9 +19,17 @@ inline std::string callOn(const char* call, int dev) {
   return s;
 }
 
+// Also clears the calling thread's last-error state, which the runtime sets for every failing call:
+// left there, a handled failure (a caught out-of-memory) would resurface at the next unrelated
+// kernel launch (launchStatus). Sticky errors survive the clear, as they should.
 inline Status cudaFailure(const char* call, int dev, cudaError_t e) {
+  cudaGetLastError();
   return callOn(call, dev) + " failed: " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")";
 }
+
+// For a query that answered cudaErrorNotReady: not a failure, but the runtime recorded it as the
+// thread's last error, and the next launchStatus would report "device not ready" (PyTorch clears it too).
+inline void clearNotReady() { cudaGetLastError(); }
 
 inline Status cublasFailure(const char* call, int dev, cublasStatus_t s) {
   return callOn(call, dev) + " failed: " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")";

@@ -2,6 +2,8 @@
 // streams around collectives.
 #include <cuda_runtime_api.h>
 
+#include <vector>
+
 #include "cyxwiz/cuda/api_impl.h"
 #include "cyxwiz/cuda/errors.h"
 #include "cyxwiz/cuda/state.h"
@@ -11,18 +13,51 @@ namespace cyxwiz::cuda {
 Status ApiImpl::graphBeginCapture(int dev) noexcept {
   DeviceState* s = nullptr;
   CX_TRY(useDevice(dev, &s));
+  CX_TRY(takePendingError(s));
   // Thread-local: other threads driving other devices may keep making unsafe calls (cudaMalloc...)
   // without invalidating this capture.
   CX_CUDA_TRY(dev, "cudaStreamBeginCapture", cudaStreamBeginCapture(s->compute, cudaStreamCaptureModeThreadLocal));
+  std::lock_guard<std::mutex> lock(s->memoryMutex);
+  s->capturing = true;
+  s->capturedAllocations.clear();
+  s->heldFrees.clear();
   return {};
 }
+
+namespace {
+
+// Ends the capture's memory bookkeeping and frees, now outside the capture, what was freed inside it
+// but allocated before it. Returns how many there were.
+size_t endCaptureFrees(DeviceState* s) {
+  std::vector<void*> held;
+  {
+    std::lock_guard<std::mutex> lock(s->memoryMutex);
+    s->capturing = false;
+    s->capturedAllocations.clear();
+    held.swap(s->heldFrees);
+  }
+  for (void* p : held) {
+    if (cudaFreeAsync(p, s->compute) != cudaSuccess) cudaGetLastError();
+  }
+  return held.size();
+}
+
+}  // namespace
 
 Status ApiImpl::graphEndCapture(int dev, void** graphExec) noexcept {
   *graphExec = nullptr;
   DeviceState* s = nullptr;
   CX_TRY(useDevice(dev, &s));
   cudaGraph_t graph = nullptr;
-  CX_CUDA_TRY(dev, "cudaStreamEndCapture", cudaStreamEndCapture(s->compute, &graph));
+  const cudaError_t ended = cudaStreamEndCapture(s->compute, &graph);
+  const size_t held = endCaptureFrees(s);
+  if (ended != cudaSuccess) return cudaFailure("cudaStreamEndCapture", dev, ended);
+  if (held) {
+    cudaGraphDestroy(graph);
+    return "graph capture on cuda:" + std::to_string(dev) + ": " + std::to_string(held) +
+           " buffer(s) allocated before the capture were freed inside it; a replay would use freed memory, so the "
+           "capture is refused (the buffers were freed after it)";
+  }
   cudaGraphExec_t exec = nullptr;
   cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);  // the executable graph is independent of it
@@ -101,7 +136,10 @@ Status ApiImpl::recordComputeEvent(int dev, void** event) noexcept {
 Status ApiImpl::eventQuery(void* event, bool* done) noexcept {
   *done = false;
   cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
-  if (e == cudaErrorNotReady) return {};
+  if (e == cudaErrorNotReady) {
+    clearNotReady();
+    return {};
+  }
   if (e != cudaSuccess) return cudaFailure("cudaEventQuery", -1, e);
   *done = true;
   return {};

@@ -1,28 +1,16 @@
-// Launch sizing and block reductions shared by the kernels (nvcc only).
+// Thread indexing and block reductions shared by the kernels (nvcc only). The launch sizing is in
+// launch.h and the per-element math in kernel_math.h, which the host emulator shares; the emulator
+// replays these reductions' order on the host (tests/gpu/emulator/kernels/block.h).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
+#include "cyxwiz/cuda/kernel_math.h"
+#include "cyxwiz/cuda/launch.h"
+
 namespace cyxwiz::cuda {
-
-constexpr int kThreads = 256;
-
-// Grid for a grid-stride loop over n elements: enough blocks to cover n, capped so that huge
-// tensors loop instead of launching millions of blocks.
-inline unsigned gridFor(int64_t n, int threads = kThreads) {
-  const int64_t blocks = (n + threads - 1) / threads;
-  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(blocks, 1), 65536));
-}
-
-// Threads per block for one-block-per-row kernels: a warp for short rows, up to kThreads.
-inline int rowThreads(int64_t cols) {
-  int t = 32;
-  while (t < kThreads && t < cols) t *= 2;
-  return t;
-}
 
 __device__ __forceinline__ int64_t globalIndex() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -75,21 +63,11 @@ __device__ inline float blockMax(float v) {
   return shared[32];
 }
 
-// Argmax keeping the first maximum, as std::max_element (NaNs never win here, whereas
-// std::max_element keeps a NaN found in first position).
-struct ArgMax {
-  float value;
-  int64_t index;
-};
-
-__device__ __forceinline__ ArgMax better(ArgMax a, ArgMax b) {
-  return (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
-}
-
+// The first maximum of a row (kernel_math.h's better), NaNs skipped, 0 when all are NaN.
 __device__ inline int64_t blockArgMax(const float* row, int64_t cols) {
   __shared__ float sv[33];
   __shared__ int64_t si[33];
-  ArgMax best{-INFINITY, INT64_MAX};
+  ArgMax best = noArgMax();
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) best = better(best, ArgMax{row[c], c});
   for (int o = 16; o > 0; o >>= 1) {
     ArgMax other{__shfl_down_sync(0xffffffffu, best.value, o), __shfl_down_sync(0xffffffffu, best.index, o)};
@@ -103,12 +81,12 @@ __device__ inline int64_t blockArgMax(const float* row, int64_t cols) {
   }
   __syncthreads();
   if (warp == 0) {
-    best = lane < warps ? ArgMax{sv[lane], si[lane]} : ArgMax{-INFINITY, INT64_MAX};
+    best = lane < warps ? ArgMax{sv[lane], si[lane]} : noArgMax();
     for (int o = 16; o > 0; o >>= 1) {
       ArgMax other{__shfl_down_sync(0xffffffffu, best.value, o), __shfl_down_sync(0xffffffffu, best.index, o)};
       best = better(best, other);
     }
-    if (lane == 0) si[32] = best.index == INT64_MAX ? 0 : best.index;  // all NaN: index 0, as the CPU
+    if (lane == 0) si[32] = argMaxIndex(best);
   }
   __syncthreads();
   return si[32];

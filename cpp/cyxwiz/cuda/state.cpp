@@ -24,17 +24,25 @@ void release(DeviceState* s) noexcept {
   if (s->computeMark) cudaEventDestroy(s->computeMark);
   if (s->compute) cudaStreamDestroy(s->compute);
   if (s->comm) cudaStreamDestroy(s->comm);
+  if (s->pool) cudaMemPoolDestroy(s->pool);
+  cudaGetLastError();  // a failed creation leaves its error here; useDevice reports it
   delete s;
 }
 
 Status create(int dev, DeviceState* s) noexcept {
   s->dev = dev;
-  // Keep freed pool memory cached instead of returning it at every synchronisation: with this,
-  // cudaMallocAsync/cudaFreeAsync behave as a caching allocator.
-  cudaMemPool_t pool = nullptr;
-  CX_CUDA_TRY(dev, "cudaDeviceGetDefaultMemPool", cudaDeviceGetDefaultMemPool(&pool, dev));
+  // A pool of our own: the device's default pool is shared with every library of the process (CuPy,
+  // PyTorch's cudaMallocAsync backend), whose release threshold is theirs to choose. Keeping freed
+  // memory cached (threshold: never release) makes cudaMallocFromPoolAsync/cudaFreeAsync a caching
+  // allocator.
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = dev;
+  CX_CUDA_TRY(dev, "cudaMemPoolCreate", cudaMemPoolCreate(&s->pool, &props));
   uint64_t threshold = UINT64_MAX;
-  CX_CUDA_TRY(dev, "cudaMemPoolSetAttribute", cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  CX_CUDA_TRY(dev, "cudaMemPoolSetAttribute",
+              cudaMemPoolSetAttribute(s->pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   // Non-blocking: no implicit synchronisation with the legacy default stream other code may use.
   CX_CUDA_TRY(dev, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&s->compute, cudaStreamNonBlocking));
   CX_CUDA_TRY(dev, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&s->comm, cudaStreamNonBlocking));

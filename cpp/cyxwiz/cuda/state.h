@@ -6,6 +6,9 @@
 #include <cuda_runtime_api.h>
 
 #include <mutex>
+#include <string>
+#include <unordered_set>
+#include <vector>
 
 #include "cyxwiz/cuda/api.h"
 
@@ -27,6 +30,7 @@ struct DeviceScratch {
 
 struct DeviceState {
   int dev = -1;
+  cudaMemPool_t pool = nullptr;  // ours, not the device's default pool (state.cpp)
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;
   cublasHandle_t blas = nullptr;
@@ -37,11 +41,26 @@ struct DeviceState {
   // Serialises the users of scratch (a reduction enqueues two kernels that share it) and of the
   // handle's math mode, should two threads drive one device.
   std::mutex mutex;
+
+  // What free() must know while the compute stream is being captured (graphs.cpp, memory.cpp): a
+  // cudaFreeAsync inside a capture of memory allocated before it would invalidate the capture with
+  // no word of why, and replays would read freed memory. Such frees wait for the capture's end,
+  // which then fails naming them. Guarded by memoryMutex.
+  std::mutex memoryMutex;
+  bool capturing = false;
+  std::unordered_set<void*> capturedAllocations;  // allocated inside the current capture
+  std::vector<void*> heldFrees;                   // freed inside it, allocated before it
+  // A failed free outside a capture (free() returns nothing): reported by the next synchronize,
+  // query or graphEndCapture of this device instead of being lost.
+  Status pendingError;
 };
 
 // Makes `dev` current on the calling thread (the runtime's current device is per thread) and
 // returns its state, creating it on first use.
 Status useDevice(int dev, DeviceState** out) noexcept;
+
+// Returns and clears the device's pendingError (memory.cpp).
+Status takePendingError(DeviceState* s) noexcept;
 
 // Api::setTF32's flag (blas.cu), read by every GEMM path.
 bool tf32Enabled() noexcept;

@@ -35,6 +35,7 @@ GraphedStep::GraphedStep(DistributedDataParallel& ddp, nn::Optimizer& optimizer,
 }
 
 GraphedStep::~GraphedStep() {
+  if (nccl_) nccl_->removeGraphHolder(this);
   try {
     finish();
   } catch (...) {
@@ -65,6 +66,7 @@ bool GraphedStep::run(const Tensor& x, const Tensor& y) {
     return true;
   }
   if (!exec_) {
+    std::string refused;
     try {
       capture();
     } catch (const Interrupted&) {
@@ -74,7 +76,11 @@ bool GraphedStep::run(const Tensor& x, const Tensor& y) {
     } catch (const Error& e) {
       // A CUDA runtime, cuBLAS or NCCL version that refuses something in the capture. The captured
       // step did not run (a capture only records), so nothing was trained twice or lost.
-      logWarning(makeString("CUDA graph: the training step could not be captured (", e.what(),
+      refused = e.what();
+    }
+    if (!agreeOnCapture(refused)) {
+      logWarning(makeString("CUDA graph: the training step could not be captured (",
+                            refused.empty() ? "another rank's capture was refused" : refused,
                             "); training without graphs"));
       failed_ = true;
       return false;
@@ -88,12 +94,42 @@ bool GraphedStep::run(const Tensor& x, const Tensor& y) {
   // The draws an eager step would make, in its order: the layers' forward, then the optimizer.
   for (nn::DropoutModule* d : dropouts_) d->prepareReplay();
   optimizer_.prepareReplay(ddp_.model()->parameters());
+  if (nccl_) nccl_->computeWaitsForCollectives();
   device::check(device::cudaApi().graphLaunch(device_.index, exec_));
   void* event = nullptr;
   device::check(device::cudaApi().recordComputeEvent(device_.index, &event));
   pending_.reset(event, [](void* e) { device::cudaApi().eventRelease(e); });
   ++replays_;
   return true;
+}
+
+bool GraphedStep::agreeOnCapture(const std::string& refused) {
+  const bool all = nccl_ ? nccl_->allAgree(refused.empty()) : refused.empty();
+  if (all) {
+    if (nccl_) nccl_->addGraphHolder(this);
+    return true;
+  }
+  if (exec_) {
+    device::cudaApi().graphDestroy(exec_);
+    exec_ = nullptr;
+  }
+  return false;
+}
+
+void GraphedStep::dropGraph(bool wait) noexcept {
+  try {
+    if (wait) finish();
+  } catch (...) {
+    // Reported by whoever waited last; a broken communicator has been aborted.
+  }
+  pending_.reset();
+  if (exec_) {
+    device::cudaApi().graphDestroy(exec_);
+    exec_ = nullptr;
+    logInfo(makeString("CUDA graph: replayed ", replays_, " steps (graph released for the communicator's ",
+                       wait ? "shutdown" : "abort", ")"));
+  }
+  failed_ = true;
 }
 
 void GraphedStep::capture() {

@@ -21,16 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "cyxwiz/comm/nccl/nccl_backend.h"
 #include "cyxwiz/ddp/ddp.h"
 #include "cyxwiz/nn/dropout.h"
 
-namespace cyxwiz::comm {
-class NcclBackend;
-}
-
 namespace cyxwiz::ddp {
 
-class GraphedStep {
+class GraphedStep final : public comm::NcclBackend::GraphHolder {
  public:
   // Runs one step on (x, y), both on the model's device; the same function is run eagerly and captured.
   using Step = std::function<void(const Tensor& x, const Tensor& y)>;
@@ -54,9 +51,17 @@ class GraphedStep {
   // anything the step wrote on the host.
   void finish();
   int64_t replays() const { return replays_; }
+  // False once the capture was refused (on any rank) or the graph dropped: steps run eagerly.
+  bool active() const { return !failed_; }
+  // The backend is shutting down or failed: destroy the graph (after the last replay when `wait`);
+  // steps run eagerly from now on.
+  void dropGraph(bool wait) noexcept override;
 
  private:
   void capture();
+  // Every rank replays or none does (a rank replaying beside one stepping eagerly would pair
+  // different collectives): false, with the graph destroyed, when any rank's capture was refused.
+  bool agreeOnCapture(const std::string& refused);
   bool failed_ = false;  // the capture was refused: no graph, eager steps
 
   DistributedDataParallel& ddp_;

@@ -78,6 +78,8 @@ void TrainStep::reset() {
   rows_ = 0;
 }
 
+bool TrainStep::graphed() const { return graph_ && graph_->active(); }
+
 int64_t TrainStep::replays() const { return graph_ ? graph_->replays() : 0; }
 
 }  // namespace cyxwiz::ddp

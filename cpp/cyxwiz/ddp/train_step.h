@@ -43,7 +43,7 @@ class TrainStep {
   double accuracy();
   void reset();
   const nn::Loss& loss() const { return *loss_; }
-  bool graphed() const { return graph_ != nullptr; }
+  bool graphed() const;  // a graph is (or is about to be) replayed
   int64_t replays() const;
 
  private:

@@ -6,6 +6,7 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/cuda.h"
+#include "cyxwiz/device/stream_release.h"
 
 namespace cyxwiz {
 
@@ -41,6 +42,7 @@ std::shared_ptr<Storage> cudaStorage(size_t nbytes, const Device& device) {
   storage->nbytes = nbytes;
   storage->device = device;
   if (nbytes) {
+    device::drainStreamReleases();  // imported memory whose readers finished goes back to its owner
     cuda::Api& api = device::cudaApi();
     void* data = nullptr;
     device::check(api.malloc(device.index, nbytes, &data));

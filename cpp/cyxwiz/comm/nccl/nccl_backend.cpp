@@ -25,6 +25,24 @@ using Clock = std::chrono::steady_clock;
 cuda::ElemType elemType(DType d) { return static_cast<cuda::ElemType>(static_cast<int>(d)); }
 cuda::ReduceKind reduceKind(ReduceOp op) { return static_cast<cuda::ReduceKind>(static_cast<int>(op)); }
 
+// A collective's buffers while it may still run on the communication stream. Freeing them is
+// stream-ordered on the compute stream, which does not wait for the communication stream: a Work
+// dropped before its collective finished would let the next kernel reuse memory NCCL still reads or
+// writes. So, unless the collective was seen to finish, the compute stream first waits for its
+// event, and the buffers are released behind that wait (PyTorch's recordStream, in effect).
+struct InFlight {
+  InFlight(cuda::Api* api, int dev, std::shared_ptr<void> event, Tensor send, Tensor recv)
+      : api(api), dev(dev), event(std::move(event)), send(std::move(send)), recv(std::move(recv)) {}
+  ~InFlight() {
+    if (!finished) api->computeWaitsFor(dev, event.get());  // errors: the backend reports them elsewhere
+  }
+  cuda::Api* api;
+  int dev;
+  std::shared_ptr<void> event;
+  Tensor send, recv;
+  bool finished = false;
+};
+
 }  // namespace
 
 Device NcclBackend::deviceFor(const DistributedConfig& config) {
@@ -79,25 +97,45 @@ std::string NcclBackend::where() const {
 }
 
 void NcclBackend::checkDuplicateGpu() {
-  // Two ranks of one host on one GPU: NCCL would fail later with "Duplicate GPU detected"; say who and why now.
+  // Two ranks on one GPU: NCCL would fail later with "Duplicate GPU detected"; say who and why now.
+  // The GPU is named by its UUID (and PCI bus id), not by hostname and index: containers share a
+  // hostname with one GPU each, and CUDA_VISIBLE_DEVICES may name one GPU by index or by UUID.
+  // Two hosts' GPUs never share a UUID, so the hostname only makes the message readable.
+  cuda::DeviceProperties props;
+  device::check(api_->deviceProperties(device_.index, &props));
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  std::string key = makeString(host, "|", visible ? visible : "", "|", device_.index);
+  const std::string key = props.uuid + "|" + props.pciBusId;
   std::vector<std::string> keys = ddp::allGatherStrings(*cpu_, key);
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   for (int r = 0; r < config_.worldSize; ++r) {
     if (r != config_.rank && keys[static_cast<size_t>(r)] == key) {
       throw BackendError(makeString(
           "init: ranks ", std::min(r, config_.rank), " and ", std::max(r, config_.rank), " both use ", device_.str(),
-          " on host ", host, " (LOCAL_RANK=", config_.localRank, ", CUDA_VISIBLE_DEVICES=", visible ? visible : "<unset>",
-          "): NCCL needs one GPU per rank. Give each rank its own LOCAL_RANK (torchrun and the launcher do), start no more "
-          "ranks per host than GPUs, or use DISTRIBUTED_BACKEND=cpu to share a GPU"));
+          " (GPU ", props.uuid, ", PCI ", props.pciBusId, ") on host ", host, " (LOCAL_RANK=",
+          config_.localRank, ", CUDA_VISIBLE_DEVICES=", visible ? visible : "<unset>",
+          "): NCCL needs one GPU per rank. Give each rank its own LOCAL_RANK (torchrun and the launcher do), start no "
+          "more ranks per host than GPUs, or use DISTRIBUTED_BACKEND=cpu to share a GPU"));
     }
   }
 }
 
+void NcclBackend::dropGraphs(bool wait) {
+  // shutdown() waits for the replays, which takes mutex_ (awaitReplay); fail() runs under mutex_,
+  // so it only tries: a concurrent shutdown() holding graphsMutex_ is dropping them already.
+  std::unique_lock<std::mutex> lock(graphsMutex_, std::defer_lock);
+  if (wait) {
+    lock.lock();
+  } else if (!lock.try_lock()) {
+    return;
+  }
+  for (GraphHolder* holder : graphHolders_) holder->dropGraph(wait);
+  graphHolders_.clear();
+}
+
 void NcclBackend::fail(const std::string& message, bool timeout) {
   std::string full = makeString("[", where(), "] ", message);
+  dropGraphs(false);  // NCCL's abort waits for the graphs holding the communicator's collectives
   if (comm_) api_->ncclAbort(comm_);  // unblocks this rank's kernels; peers see the abort as an error
   comm_ = nullptr;
   std::exception_ptr error = timeout ? std::make_exception_ptr(TimeoutError(full))
@@ -199,15 +237,20 @@ std::shared_ptr<Work> NcclBackend::enqueue(CallSignature call, const Tensor& sen
     if (!async) work->wait();
     return work;
   }
-  // Keep the tensors alive until the collective is done.
-  work->setPoller([this, holder, what, deadline, send, recv](bool block) {
+  // Keep the tensors alive until the collective is done; a Work dropped before that hands them to
+  // the compute stream only behind the collective's event (InFlight).
+  auto inFlight = std::make_shared<InFlight>(api_, device_.index, holder, send, recv);
+  work->setPoller([this, inFlight, what, deadline](bool block) {
     bool done = false;
-    device::check(api_->eventQuery(holder.get(), &done));
-    if (done || !block) return done;
-    std::lock_guard<std::mutex> guard(mutex_);
-    checkUsable(what.c_str());
-    awaitEvent(holder.get(), what, deadline);
-    return true;
+    device::check(api_->eventQuery(inFlight->event.get(), &done));
+    if (!done && block) {
+      std::lock_guard<std::mutex> guard(mutex_);
+      checkUsable(what.c_str());
+      awaitEvent(inFlight->event.get(), what, deadline);
+      done = true;
+    }
+    if (done) inFlight->finished = true;
+    return done;
   });
   if (!async) work->wait();
   return work;
@@ -286,7 +329,35 @@ std::shared_ptr<Work> NcclBackend::barrier(bool async) {
   return cpu_->barrier(async);
 }
 
+void NcclBackend::addGraphHolder(GraphHolder* holder) {
+  std::lock_guard<std::mutex> lock(graphsMutex_);
+  graphHolders_.push_back(holder);
+}
+
+void NcclBackend::removeGraphHolder(GraphHolder* holder) {
+  std::lock_guard<std::mutex> lock(graphsMutex_);
+  graphHolders_.erase(std::remove(graphHolders_.begin(), graphHolders_.end(), holder), graphHolders_.end());
+}
+
+void NcclBackend::computeWaitsForCollectives() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  checkUsable("CUDA graph replay");
+  void* event = nullptr;
+  device::check(api_->recordCommEvent(device_.index, &event));
+  cuda::Status s = api_->computeWaitsFor(device_.index, event);
+  api_->eventRelease(event);
+  device::check(s);
+}
+
+bool NcclBackend::allAgree(bool ok) {
+  Tensor flag = Tensor::zeros({1}, DType::Int32);
+  *static_cast<int32_t*>(flag.rawData()) = ok ? 1 : 0;
+  cpu_->allReduce(flag, ReduceOp::Min, false)->wait();
+  return *static_cast<const int32_t*>(flag.rawData()) == 1;
+}
+
 void NcclBackend::shutdown() {
+  dropGraphs(true);  // NCCL's finalize waits for every graph holding our collectives
   std::lock_guard<std::mutex> lock(mutex_);
   if (comm_) {
     api_->ncclDestroy(comm_);

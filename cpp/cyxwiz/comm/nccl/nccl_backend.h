@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "cyxwiz/comm/backend.h"
 #include "cyxwiz/cuda/api.h"
@@ -55,6 +56,27 @@ class NcclBackend final : public Backend {
   // communicator; aborts it and throws on error or timeout.
   void awaitReplay(void* event, const std::string& what);
 
+  // Something that holds a CUDA graph with this backend's collectives in it (GraphedStep). NCCL
+  // (>= 2.26) finalizes, destroys and aborts a communicator only once every such graph is destroyed,
+  // so shutdown() and fail() drop them first; otherwise finalize() (or exit, or a timeout's abort)
+  // with a graphed step alive would never return.
+  class GraphHolder {
+   public:
+    // Destroys the graph, after waiting for its last replay when `wait` (shutdown; not after a
+    // failure, whose replay may never finish before the abort).
+    virtual void dropGraph(bool wait) noexcept = 0;
+
+   protected:
+    ~GraphHolder() = default;
+  };
+  void addGraphHolder(GraphHolder* holder);
+  void removeGraphHolder(GraphHolder* holder);  // blocks while shutdown() is dropping it
+  // Makes the compute stream wait for every collective queued so far on the communication stream:
+  // a graph replay's collectives must not run beside a user's pending async one on this communicator.
+  void computeWaitsForCollectives();
+  // True when every rank passes `ok` (over the CPU world, bounded by DISTRIBUTED_TIMEOUT_MS).
+  bool allAgree(bool ok);
+
  private:
   std::shared_ptr<Work> enqueue(CallSignature call, const Tensor& send, const Tensor& recv, cuda::CollectiveKind kind,
                                 bool async);
@@ -65,6 +87,7 @@ class NcclBackend final : public Backend {
   // Runs a collective into `out` when it is on the GPU, else into a device copy that is copied back.
   std::shared_ptr<Work> onDevice(const Tensor& out, const std::function<std::shared_ptr<Work>(const Tensor&)>& run);
   void checkDuplicateGpu();
+  void dropGraphs(bool wait);
   void checkUsable(const char* what);  // with mutex_ held
   // After an NCCL error every collective fails with it, host-tensor ones (TCP ring) included.
   void throwIfBroken();
@@ -79,6 +102,8 @@ class NcclBackend final : public Backend {
   uint64_t sequence_ = 0;
   std::exception_ptr broken_;
   bool capturing_ = false;
+  std::mutex graphsMutex_;  // held while shutdown() drops the graphs
+  std::vector<GraphHolder*> graphHolders_;
 };
 
 }  // namespace cyxwiz::comm

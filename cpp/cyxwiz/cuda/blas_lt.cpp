@@ -216,7 +216,7 @@ Status ApiImpl::linearForward(int dev, const float* x, const float* w, const flo
     Descriptors ds;
     CX_TRY(describe(dev, key, bias, &ds));
     // No cuBLASLt guarantee for concurrent use of one handle is relied on: the device's users of
-    // its library handles are serialised, as blas.cu does for the cuBLAS handle.
+    // its library handles are serialised, as blas.cpp does for the cuBLAS handle.
     std::lock_guard<std::mutex> lock(s->mutex);
     if (!known) {
       CX_TRY(queryPlan(dev, s, key, &ds, &plan));

@@ -1,14 +1,12 @@
-// TEST DOUBLE, NOT GPU SUPPORT. How the host emulator (emulated_cuda.cpp, emulated_nccl.cpp) builds its
-// messages: cat("cuda:", dev, " failed") instead of std::to_string and std::string's operator+, whose
-// libstdc++ inline functions keep default visibility despite -fvisibility=hidden when GCC does not
-// inline them (see the top of emulated_cuda.cpp). These functions are the emulator's own: hidden.
+// TEST DOUBLE, NOT GPU SUPPORT. How the emulated NCCL builds its messages: cat("cuda:", dev, " failed")
+// (copied from the old emulator's emulated_text.h).
 #pragma once
 
 #include <cstdio>
 #include <string>
 #include <type_traits>
 
-namespace cyxwiz::cuda::emulated {
+namespace cxemu::nccl {
 
 inline void put(std::string& s, const char* p) { s.append(p); }
 inline void put(std::string& s, const std::string& p) { s.append(p); }
@@ -35,4 +33,4 @@ std::string cat(const T&... parts) {
   return s;
 }
 
-}  // namespace cyxwiz::cuda::emulated
+}  // namespace cxemu::nccl

@@ -1,9 +1,10 @@
 // TEST DOUBLE, NOT GPU SUPPORT. The emulated NCCL between ranks in separate processes of one machine:
 // a POSIX shared-memory segment per communicator, named from the random token of the unique id, holding
-// a control block and one staging slot per rank. emulated_cuda.cpp keeps the ABI's checks, streams and
-// graph capture; this file moves the bytes and does the reductions. See README.md beside this file.
+// a control block and one staging slot per rank (copied from the old emulator's emulated_nccl.h). The
+// communicator (comm.h) runs it on the stream's worker thread; this file moves the bytes and does the
+// reductions.
 //
-// A collective is synchronous in the calling thread (at graphLaunch for a captured one), in phases of
+// A collective is synchronous in the calling (worker) thread, in phases of
 // at most one slot per rank: wait until every rank has read the previous phase's slots, copy this
 // rank's part into its slot, arrive, wait until every rank has arrived (bounded), compute the result
 // from all slots in rank order (so every rank gets the same bits), mark the slots read. The wait is
@@ -18,12 +19,16 @@
 #include <cstdint>
 #include <string>
 
-#include "cyxwiz/cuda/api.h"
+#include <nccl.h>
 
-namespace cyxwiz::cuda::emulated {
+namespace cxemu::nccl {
 
-// Bytes of one element of `t` (0 for an unknown type).
-size_t elemBytes(ElemType t);
+using Status = std::string;  // empty: success; else why
+
+// Bytes of one element of `t` (0 for a type the emulator does not reduce: only 32/64-bit ints and floats).
+size_t elemBytes(ncclDataType_t t);
+
+enum class CollectiveKind { AllReduce, Broadcast, AllGather, ReduceScatter };
 
 constexpr size_t kNcclUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
 
@@ -32,14 +37,14 @@ std::string makeNcclUniqueId();
 // Whether `id` is one that makeNcclUniqueId made (tag and token).
 bool isNcclUniqueId(const std::string& id);
 
-// One collective's arguments, as ncclCollective got them (checked there).
+// One collective's arguments, as the ncclAllReduce... entry point got them (checked there).
 struct CollectiveCall {
   CollectiveKind kind;
   const void* send;  // count elements; nranks * count for ReduceScatter
   void* recv;        // count elements; nranks * count for AllGather
   size_t count;
-  ElemType type;
-  ReduceKind op;
+  ncclDataType_t type;
+  ncclRedOp_t op;
   int root;
 };
 
@@ -49,13 +54,14 @@ const char* collectiveName(CollectiveKind kind);  // "ncclAllReduce"...
 enum class Exchange {
   Done,     // recv holds the result
   Hung,     // the peers did not all come within the deadline: the collective never completes
-  Failed,   // a peer aborted, left or exited, or the ranks called different collectives: *why says so
+  Failed,   // a peer aborted, left or exited (remote error), or the ranks called different collectives
+            // (invalid usage, mismatch() true): *why says so
   Aborted,  // this rank's communicator was aborted (from another thread) while it waited
 };
 
 // This process's rank of a communicator of nranks > 1: its mapping of the shared segment. Not copyable.
-// run() may wait in one thread while abort() is called from another; everything else is called under
-// the emulator's lock, never concurrently with run() except abort().
+// run() may wait in one (worker) thread while abort() or leave() is called from another; the communicator
+// never runs two collectives at once (it refuses the second, see collectives.cpp).
 class SharedComm {
  public:
   // Opens (or creates) the segment of `id` for `nranks` and joins it as `rank`. On failure, returns why
@@ -68,7 +74,11 @@ class SharedComm {
   Exchange run(const CollectiveCall& call, std::string* why);
   // This rank leaves for good: peers waiting for it stop with a remote error. Idempotent.
   void abort();  // ncclCommAbort; also ends a run() waiting in another thread
-  void leave();  // ncclCommDestroy
+  void leave();  // ncclCommDestroy; also ends a run() waiting in another thread
+  // How many ranks have joined the segment so far (a non-blocking init completes once all have).
+  int joined() const;
+  // Whether the last Failed run() was a mismatch of the ranks' collectives (invalid usage).
+  bool mismatch() const { return mismatch_; }
 
   int64_t timeoutMs() const { return timeoutMs_; }
   uint64_t collectives() const { return sequence_; }
@@ -101,6 +111,7 @@ class SharedComm {
   bool broken_ = false;    // a collective hung or failed: nothing moves on this communicator any more
   std::atomic<bool> aborted_{false};  // set by abort(), from any thread
   bool departed_ = false;
+  bool mismatch_ = false;
 };
 
-}  // namespace cyxwiz::cuda::emulated
+}  // namespace cxemu::nccl

@@ -1,7 +1,5 @@
-// TEST DOUBLE, NOT GPU SUPPORT. The emulated NCCL's transport between processes: see emulated_nccl.h.
-// As everywhere in the emulator, no std:: template over std:: types only is instantiated here (no
-// std::max, std::vector<const void*>, std::chrono): their inline functions would be exported.
-#include "emulated_nccl.h"
+// TEST DOUBLE, NOT GPU SUPPORT. The emulated NCCL's transport between processes: see shared_comm.h.
+#include "nccl/shared_comm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,9 +16,9 @@
 #include <new>
 #include <type_traits>
 
-#include "emulated_text.h"
+#include "nccl/text.h"
 
-namespace cyxwiz::cuda::emulated {
+namespace cxemu::nccl {
 
 namespace {
 
@@ -57,31 +55,31 @@ int64_t timeoutFromEnvironment() {
   return v;
 }
 
-const char* typeName(ElemType t) {
+const char* typeName(ncclDataType_t t) {
   switch (t) {
-    case ElemType::Float32: return "float32";
-    case ElemType::Float64: return "float64";
-    case ElemType::Int32: return "int32";
-    case ElemType::Int64: return "int64";
+    case ncclFloat32: return "float32";
+    case ncclFloat64: return "float64";
+    case ncclInt32: return "int32";
+    case ncclInt64: return "int64";
+    default: return "?";
   }
-  return "?";
 }
 
-const char* opName(ReduceKind op) {
+const char* opName(ncclRedOp_t op) {
   switch (op) {
-    case ReduceKind::Sum: return "sum";
-    case ReduceKind::Avg: return "avg";
-    case ReduceKind::Max: return "max";
-    case ReduceKind::Min: return "min";
-    case ReduceKind::Product: return "product";
+    case ncclSum: return "sum";
+    case ncclAvg: return "avg";
+    case ncclMax: return "max";
+    case ncclMin: return "min";
+    case ncclProd: return "product";
+    default: return "?";
   }
-  return "?";
 }
 
 bool reduces(CollectiveKind k) { return k == CollectiveKind::AllReduce || k == CollectiveKind::ReduceScatter; }
 
 // "ncclAllReduce #3 (float32, sum, 1000 elements)"
-std::string describe(CollectiveKind kind, ElemType type, ReduceKind op, int root, uint64_t count, uint64_t sequence) {
+std::string describe(CollectiveKind kind, ncclDataType_t type, ncclRedOp_t op, int root, uint64_t count, uint64_t sequence) {
   std::string s = cat(collectiveName(kind), " #", sequence, " (", typeName(type));
   if (reduces(kind)) s += cat(", ", opName(op));
   if (kind == CollectiveKind::Broadcast) s += cat(", root ", root);
@@ -128,20 +126,22 @@ T smaller(T a, T b) {
 }
 
 template <class T>
-void fold(T* acc, const T* in, size_t n, ReduceKind op) {
+void fold(T* acc, const T* in, size_t n, ncclRedOp_t op) {
   switch (op) {
-    case ReduceKind::Sum:
-    case ReduceKind::Avg:  // (averageParts divides)
+    case ncclSum:
+    case ncclAvg:  // (averageParts divides)
       for (size_t i = 0; i < n; ++i) acc[i] = plus(acc[i], in[i]);
       return;
-    case ReduceKind::Product:
+    case ncclProd:
       for (size_t i = 0; i < n; ++i) acc[i] = times(acc[i], in[i]);
       return;
-    case ReduceKind::Max:
+    case ncclMax:
       for (size_t i = 0; i < n; ++i) acc[i] = larger(acc[i], in[i]);
       return;
-    case ReduceKind::Min:
+    case ncclMin:
       for (size_t i = 0; i < n; ++i) acc[i] = smaller(acc[i], in[i]);
+      return;
+    default:
       return;
   }
 }
@@ -158,26 +158,28 @@ void averageParts(T* acc, const char* first, size_t stride, int parts, size_t n)
     }
   } else {
     std::memcpy(acc, first, n * sizeof(T));
-    for (int q = 1; q < parts; ++q) fold(acc, reinterpret_cast<const T*>(first + q * stride), n, ReduceKind::Sum);
+    for (int q = 1; q < parts; ++q) fold(acc, reinterpret_cast<const T*>(first + q * stride), n, ncclSum);
     for (size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] / parts);
   }
 }
 
 // out = in[0] (op) in[1] (op) ... for `parts` inputs at `first`, `first + stride`, ...
 template <class T>
-void reduceParts(void* out, const char* first, size_t stride, int parts, size_t n, ReduceKind op) {
+void reduceParts(void* out, const char* first, size_t stride, int parts, size_t n, ncclRedOp_t op) {
   T* acc = static_cast<T*>(out);
-  if (op == ReduceKind::Avg) return averageParts(acc, first, stride, parts, n);
+  if (op == ncclAvg) return averageParts(acc, first, stride, parts, n);
   std::memcpy(acc, first, n * sizeof(T));
   for (int q = 1; q < parts; ++q) fold(acc, reinterpret_cast<const T*>(first + q * stride), n, op);
 }
 
-void reduceParts(ElemType type, void* out, const char* first, size_t stride, int parts, size_t n, ReduceKind op) {
+void reduceParts(ncclDataType_t type, void* out, const char* first, size_t stride, int parts, size_t n,
+                 ncclRedOp_t op) {
   switch (type) {
-    case ElemType::Float32: reduceParts<float>(out, first, stride, parts, n, op); return;
-    case ElemType::Float64: reduceParts<double>(out, first, stride, parts, n, op); return;
-    case ElemType::Int32: reduceParts<int32_t>(out, first, stride, parts, n, op); return;
-    case ElemType::Int64: reduceParts<int64_t>(out, first, stride, parts, n, op); return;
+    case ncclFloat32: reduceParts<float>(out, first, stride, parts, n, op); return;
+    case ncclFloat64: reduceParts<double>(out, first, stride, parts, n, op); return;
+    case ncclInt32: reduceParts<int32_t>(out, first, stride, parts, n, op); return;
+    case ncclInt64: reduceParts<int64_t>(out, first, stride, parts, n, op); return;
+    default: return;
   }
 }
 
@@ -227,14 +229,14 @@ bool processGone(int32_t pid) {
 
 }  // namespace
 
-size_t elemBytes(ElemType t) {
+size_t elemBytes(ncclDataType_t t) {
   switch (t) {
-    case ElemType::Float32: return 4;
-    case ElemType::Float64: return 8;
-    case ElemType::Int32: return 4;
-    case ElemType::Int64: return 8;
+    case ncclFloat32: return 4;
+    case ncclFloat64: return 8;
+    case ncclInt32: return 4;
+    case ncclInt64: return 8;
+    default: return 0;
   }
-  return 0;
 }
 
 // The segment: a Header, one RankEntry per rank, then (page-aligned) one slot per rank. A fresh
@@ -398,7 +400,12 @@ void SharedComm::abort() {
   depart(kAborted);
 }
 
-void SharedComm::leave() { depart(kLeft); }
+void SharedComm::leave() {
+  aborted_.store(true);  // nothing runs on a destroyed communicator; a waiting run() returns
+  depart(kLeft);
+}
+
+int SharedComm::joined() const { return base_ ? loadAcquire(&header()->attached) : 0; }
 
 Exchange SharedComm::waitAll(uint64_t target, int64_t deadline, const CollectiveCall& call, std::string* why) {
   auto what = [&] { return describe(call.kind, call.type, call.op, call.root, call.count, sequence_ + 1); };
@@ -412,9 +419,9 @@ Exchange SharedComm::waitAll(uint64_t target, int64_t deadline, const Collective
       if (loadAcquire(&e->arrived) >= target && !(gone && loadAcquire(&e->abandoned))) continue;
       all = false;
       if (gone) {
-        *why = cat("remote process exited or there was a network error (emulated: rank ", q, " ",
+        *why = cat("emulator: rank ", q, " ",
                    state == kAborted ? "aborted" : "destroyed", " its communicator while rank ", rank_,
-                   " waited for it in ", what(), ")");
+                   " waited for it in ", what());
         return Exchange::Failed;
       }
     }
@@ -429,8 +436,8 @@ Exchange SharedComm::waitAll(uint64_t target, int64_t deadline, const Collective
         const bool arrived = loadAcquire(&e->arrived) >= target && !loadAcquire(&e->abandoned);
         if (q == rank_ || pid <= 0 || arrived) continue;
         if (processGone(pid)) {
-          *why = cat("remote process exited or there was a network error (emulated: rank ", q, ", pid ", pid,
-                     ", exited without leaving its communicator while rank ", rank_, " waited for it in ", what(), ")");
+          *why = cat("emulator: rank ", q, ", pid ", pid, ", exited without leaving its communicator while rank ", rank_,
+                     " waited for it in ", what());
           return Exchange::Failed;
         }
       }
@@ -473,11 +480,11 @@ bool SharedComm::sameCollective(const CollectiveCall& call, std::string* why) co
   std::string calls;
   for (int q = 0; q < nranks_; ++q) {
     const RankEntry* e = entry(q);
-    calls += cat(q ? "; " : "", "rank ", q, ": ", describe(CollectiveKind(e->kind), ElemType(e->type), ReduceKind(e->op),
+    calls += cat(q ? "; " : "", "rank ", q, ": ", describe(CollectiveKind(e->kind), ncclDataType_t(e->type), ncclRedOp_t(e->op),
                                                           e->root, e->count, e->sequence));
   }
-  *why = cat("invalid usage (emulator: the ranks called different collectives: ", calls,
-             "; every rank must call the same collectives in the same order)");
+  *why = cat("emulator: the ranks called different collectives: ", calls,
+             "; every rank must call the same collectives in the same order");
   return false;
 }
 
@@ -533,6 +540,7 @@ Exchange SharedComm::run(const CollectiveCall& call, std::string* why) {
       storeRelease(&me->arrived, 2 * phase_ + 2);
       ++phase_;
       broken_ = true;
+      mismatch_ = true;
       return Exchange::Failed;
     }
     switch (call.kind) {
@@ -556,4 +564,4 @@ Exchange SharedComm::run(const CollectiveCall& call, std::string* why) {
   return Exchange::Done;
 }
 
-}  // namespace cyxwiz::cuda::emulated
+}  // namespace cxemu::nccl

@@ -1,0 +1,220 @@
+// The kernels' per-element and per-row math and index math, as __host__ __device__ functions: the
+// .cu kernels call them on the GPU and the host emulator (tests/gpu/emulator/kernels) calls the same
+// functions, so both run one code path. What stays device-only is how the work is spread over
+// threads and the block reductions (kernel_utils.cuh); the emulator replays their order on the host.
+//
+// On the host this header needs no CUDA header. expf/erff/tanhf/exp/log/sqrtf/fmaxf are the C
+// library's there and CUDA's math library on the device: both are within a few ulp, not bit-equal,
+// and nvcc contracts a * b + c into FMAs where the host compiler does not, so results may differ in
+// the last bits between the GPU and the emulator.
+#pragma once
+
+#include <math.h>  // the global expf, erff, tanhf, fmaxf... (also CUDA's on the device)
+#include <stdint.h>
+
+#include "cyxwiz/cuda/api.h"
+
+#ifdef __CUDACC__
+#define CX_HD __host__ __device__
+#else
+#define CX_HD
+#endif
+
+namespace cyxwiz::cuda {
+
+// ---- kernels_elementwise.cu ----
+
+CX_HD inline void fillElement(float* dst, int64_t i, float value) { dst[i] = value; }
+
+// Flat over the output: element i of a rows x cols output takes the row's column i % cols.
+CX_HD inline void broadcastRowsElement(const float* row, float* out, int64_t i, int64_t cols) {
+  out[i] = row[i % cols];
+}
+
+// addColumnSums: the element of row r that column col sums.
+CX_HD inline float columnElement(const float* g, int64_t r, int64_t col, int64_t cols) { return g[r * cols + col]; }
+
+CX_HD inline void multiplyElement(const float* a, const float* b, float* out, int64_t i) { out[i] = a[i] * b[i]; }
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+
+CX_HD inline constexpr bool knownActivation(Activation f) {
+  return f == Activation::ReLU || f == Activation::GELU || f == Activation::Sigmoid || f == Activation::Tanh;
+}
+
+// Branch on the sign so exp never overflows.
+CX_HD inline float sigmoid(float x) {
+  if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+  const float e = expf(x);
+  return e / (1.0f + e);
+}
+
+template <Activation F>
+CX_HD inline float activate(float x) {
+  if constexpr (F == Activation::ReLU) return x > 0.0f ? x : 0.0f;
+  if constexpr (F == Activation::GELU) return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+  if constexpr (F == Activation::Sigmoid) return sigmoid(x);
+  if constexpr (F == Activation::Tanh) return tanhf(x);
+  return x;
+}
+
+// g * f'(x), f' at the layer input x.
+template <Activation F>
+CX_HD inline float activateGrad(float x, float g) {
+  if constexpr (F == Activation::ReLU) return x > 0.0f ? g : 0.0f;
+  if constexpr (F == Activation::GELU) {
+    const float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
+    return g * (cdf + x * pdf);
+  }
+  if constexpr (F == Activation::Sigmoid) {
+    const float y = sigmoid(x);
+    return g * y * (1.0f - y);
+  }
+  if constexpr (F == Activation::Tanh) {
+    const float y = tanhf(x);
+    return g * (1.0f - y * y);
+  }
+  return g;
+}
+
+template <Activation F>
+CX_HD inline void activationForwardElement(const float* x, float* y, int64_t i) {
+  y[i] = activate<F>(x[i]);
+}
+
+template <Activation F>
+CX_HD inline void activationBackwardElement(const float* x, const float* g, float* dx, int64_t i) {
+  dx[i] = activateGrad<F>(x[i], g[i]);
+}
+
+// Output i of the splitmix64 generator seeded with `seed`: a counter-based stream, so element i's
+// draw depends only on (seed, i), whatever the launch configuration.
+CX_HD inline uint64_t splitmix64(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The top 24 bits, as cyxwiz::uniform01: exactly representable floats in [0, 1).
+CX_HD inline float dropoutUniform(uint64_t seed, int64_t i) {
+  return static_cast<float>(splitmix64(seed, static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
+}
+
+// The seed comes from device memory when given (a graphed step's per-replay seed), read when the
+// kernel runs.
+CX_HD inline uint64_t dropoutSeed(uint64_t seed, const uint64_t* seedOnDevice) {
+  return seedOnDevice ? *seedOnDevice : seed;
+}
+
+CX_HD inline void dropoutElement(const float* x, float* y, float* mask, int64_t i, float keep, float scale,
+                                 uint64_t seed) {
+  const float m = dropoutUniform(seed, i) < keep ? scale : 0.0f;
+  mask[i] = m;
+  y[i] = x[i] * m;
+}
+
+// ---- kernels_loss.cu: the per-element pieces of the row reductions ----
+
+// Softmax numerator of x in a row of maximum mx.
+CX_HD inline float softmaxNumerator(float x, float mx) { return expf(x - mx); }
+
+// 1 / (sum of a row's numerators), summed in double.
+CX_HD inline float inverseSum(double sum) { return static_cast<float>(1.0 / sum); }
+
+// softmax backward: the row's dot(g, y) terms, then dx = y (g - dot).
+CX_HD inline double softmaxDotTerm(float g, float y) { return static_cast<double>(g) * y; }
+CX_HD inline float softmaxBackwardElement(float y, float g, float dot) { return y * (g - dot); }
+
+// Cross-entropy forward, per row: logSumExp = mx + log(sum exp(x - mx)) in double, then
+// logSumExp - x[label], or sum_c p_c (logSumExp - x_c).
+CX_HD inline double logSumExpTerm(float x, float mx) { return exp(static_cast<double>(x - mx)); }
+CX_HD inline double logSumExp(float mx, double sum) { return mx + log(sum); }
+CX_HD inline double labelRowLoss(double logSumExp, const float* xr, int64_t label) { return logSumExp - xr[label]; }
+CX_HD inline double probsLossTerm(float p, double logSumExp, float x) { return p * (logSumExp - x); }
+
+// Cross-entropy backward, d(mean loss)/d(logits) from the numerator e and inv = 1 / sum:
+// (softmax - onehot) / rows, or (softmax * mass - p) / rows.
+CX_HD inline float crossEntropyLabelGrad(float e, float inv, bool isLabel, float invRows) {
+  float v = e * inv;
+  if (isLabel) v -= 1.0f;
+  return v * invRows;
+}
+CX_HD inline float crossEntropyProbsGrad(float e, float inv, float mass, float p, float invRows) {
+  return (e * inv * mass - p) * invRows;
+}
+
+CX_HD inline double squaredErrorTerm(const float* y, const float* t, int64_t i) {
+  const double d = static_cast<double>(y[i]) - t[i];
+  return d * d;
+}
+
+CX_HD inline void mseBackwardElement(const float* y, const float* t, float* grad, int64_t i, float scale) {
+  grad[i] = scale * (y[i] - t[i]);
+}
+
+// Argmax keeping the first maximum, as std::max_element (NaNs never win here, whereas
+// std::max_element keeps a NaN found in first position). Associative and commutative, so any
+// reduction order gives the same answer.
+struct ArgMax {
+  float value;
+  int64_t index;
+};
+
+constexpr int64_t kNoIndex = INT64_MAX;
+
+CX_HD inline ArgMax better(ArgMax a, ArgMax b) {
+  return (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
+}
+
+// The reduction's start (no candidate yet) and its answer: an all-NaN row gives 0, as the CPU.
+CX_HD inline ArgMax noArgMax() { return ArgMax{-INFINITY, kNoIndex}; }
+CX_HD inline int64_t argMaxIndex(ArgMax a) { return a.index == kNoIndex ? 0 : a.index; }
+
+// ---- kernels_optim.cu: nn/sgd.cpp and nn/adam.cpp per element ----
+
+// Scalars from device memory (a graphed step's per-replay values), read when the kernel runs.
+CX_HD inline float sgdLearningRate(float lr, const float* scalars) { return scalars ? scalars[0] : lr; }
+
+struct AdamScalars {
+  float stepSize, invSqrtBc2, decay;
+};
+
+CX_HD inline AdamScalars adamScalars(AdamScalars given, const float* scalars) {
+  return scalars ? AdamScalars{scalars[0], scalars[1], scalars[2]} : given;
+}
+
+// A zero buffer makes the first step buf = g, as torch's first-step rule.
+CX_HD inline void sgdElement(const OptimizerTensor& t, int64_t i, float lr, float mu, float wd, bool nesterov) {
+  const float g = t.g[i] + wd * t.p[i];
+  if (!t.m) {
+    t.p[i] -= lr * g;
+    return;
+  }
+  const float b = mu * t.m[i] + g;
+  t.m[i] = b;
+  t.p[i] -= lr * (nesterov ? g + mu * b : b);
+}
+
+CX_HD inline void adamElement(const OptimizerTensor& t, int64_t i, AdamScalars s, float b1, float b2, float eps,
+                              float l2) {
+  const float pi = t.p[i];
+  const float g = t.g[i] + l2 * pi;
+  const float mi = b1 * t.m[i] + (1.0f - b1) * g;
+  const float vi = b2 * t.v[i] + (1.0f - b2) * g * g;
+  t.m[i] = mi;
+  t.v[i] = vi;
+  t.p[i] = pi * s.decay - s.stepSize * mi / (sqrtf(vi) * s.invSqrtBc2 + eps);
+}
+
+// ---- blas.cu ----
+
+// C = beta * C for k = 0. beta = 0 writes zeros, as BLAS, so NaNs in an uninitialised C do not survive.
+CX_HD inline void scaleMatrixElement(float* c, int64_t r, int64_t j, int64_t ldc, float beta) {
+  float& x = c[r * ldc + j];
+  x = beta == 0.0f ? 0.0f : beta * x;
+}
+
+}  // namespace cyxwiz::cuda

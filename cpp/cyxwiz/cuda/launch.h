@@ -1,0 +1,93 @@
+// One function per kernel launch, for the ApiImpl methods (ops_*.cpp, blas.cpp). The .cu files
+// define them (grid sizing and the <<<>>>); the host emulator defines them again in
+// tests/gpu/emulator/kernels, running kernel_math.h's functions as work queued on the stream. Like a
+// <<<>>>, a launch reports nothing itself: its configuration error is the runtime's last error, read
+// by launchStatus (errors.h).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cyxwiz/cuda/api.h"
+
+namespace cyxwiz::cuda {
+
+// ---- the launch configuration, shared so that the emulator replays the same partials ----
+
+constexpr int kThreads = 256;
+
+// Grid for a grid-stride loop over n elements: enough blocks to cover n, capped so that huge
+// tensors loop instead of launching millions of blocks.
+inline unsigned gridFor(int64_t n, int threads = kThreads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(blocks, 1), 65536));
+}
+
+// Threads per block for one-block-per-row kernels: a warp for short rows, up to kThreads.
+inline int rowThreads(int64_t cols) {
+  int t = 32;
+  while (t < kThreads && t < cols) t *= 2;
+  return t;
+}
+
+// addColumnSums: a 32-column tile per block, kColumnSumRows thread rows each summing a strided
+// subset of the rows, then one thread per column adding the partials in order.
+constexpr int kColumnSumRows = 16;
+
+// Blocks of a row reduction writing one partial each: one per row up to `capacity`, each then loops.
+inline int rowPartials(int64_t rows, int capacity) { return static_cast<int>(std::min<int64_t>(rows, capacity)); }
+// Blocks of squaredError: a grid-stride loop, at most `capacity` blocks.
+inline int elementPartials(int64_t n, int capacity) {
+  return static_cast<int>(std::min<int64_t>(gridFor(n), capacity));
+}
+
+// The fused optimizer steps launch kTensorsPerLaunch parameters at a time (by value in the kernel's
+// arguments: 24 x 40 bytes, well inside the 4 KiB of kernel parameters). The caller batches.
+constexpr int kTensorsPerLaunch = 24;
+
+// ---- kernels_elementwise.cu (sizes > 0, as for every launch below) ----
+
+void launchFill(cudaStream_t s, float* dst, int64_t n, float value);
+void launchBroadcastRows(cudaStream_t s, const float* row, float* out, int64_t rows, int64_t cols);
+void launchAddColumnSums(cudaStream_t s, const float* g, float* out, int64_t rows, int64_t cols);
+void launchMultiply(cudaStream_t s, const float* a, const float* b, float* out, int64_t n);
+// f must be knownActivation (kernel_math.h); another launches nothing.
+void launchActivationForward(cudaStream_t s, Activation f, const float* x, float* y, int64_t n);
+void launchActivationBackward(cudaStream_t s, Activation f, const float* x, const float* g, float* dx, int64_t n);
+void launchDropout(cudaStream_t s, const float* x, float* y, float* mask, int64_t n, float keep, float scale,
+                   uint64_t seed, const uint64_t* seedOnDevice);
+
+// ---- kernels_loss.cu ----
+
+void launchSoftmaxForward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols);
+void launchSoftmaxBackward(cudaStream_t s, const float* y, const float* g, float* dx, int64_t rows, int64_t cols);
+// The two-pass reductions: the first launch writes partial[0, count) and returns count (at most
+// `capacity`); a finish launch then adds them, in a fixed order, onto *sum.
+int launchCrossEntropyPartials(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
+                               int64_t rows, int64_t classes, double* partial, int capacity);
+int launchSquaredErrorPartials(cudaStream_t s, const float* y, const float* t, int64_t n, double* partial,
+                               int capacity);
+int launchCountCorrectPartials(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
+                               int64_t rows, int64_t classes, long long* partial, int capacity);
+// *sum += scale * (sum of partial[0, count)).
+void launchFinishSum(cudaStream_t s, const double* partial, int count, double scale, double* sum);
+// *sum += (sum of partial[0, count)).
+void launchFinishCount(cudaStream_t s, const long long* partial, int count, double* sum);
+void launchCrossEntropyBackward(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
+                                float* grad, int64_t rows, int64_t classes, float invRows);
+void launchMseBackward(cudaStream_t s, const float* y, const float* t, float* grad, int64_t n, float scale);
+
+// ---- kernels_optim.cu: count in [1, kTensorsPerLaunch], largest = the largest n among them (> 0) ----
+
+void launchSgd(cudaStream_t s, const OptimizerTensor* tensors, int count, int64_t largest, float lr, float momentum,
+               float weightDecay, bool nesterov, const float* scalars);
+void launchAdam(cudaStream_t s, const OptimizerTensor* tensors, int count, int64_t largest, float stepSize, float b1,
+                float b2, float eps, float invSqrtBc2, float l2, float decay, const float* scalars);
+
+// ---- blas.cu: C = beta C (beta = 0 writes zeros) for a GEMM with k = 0, m x n with leading dimension ldc ----
+
+void launchScaleMatrix(cudaStream_t s, float* c, int64_t m, int64_t n, int64_t ldc, float beta);
+
+}  // namespace cyxwiz::cuda

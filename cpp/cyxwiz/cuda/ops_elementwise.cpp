@@ -1,0 +1,85 @@
+// The ApiImpl methods of the element-wise kernels (kernels_elementwise.cu): argument checks, the
+// device's compute stream, the launch (launch.h) and its status.
+#include <string>
+
+#include "cyxwiz/cuda/api_impl.h"
+#include "cyxwiz/cuda/errors.h"
+#include "cyxwiz/cuda/kernel_math.h"
+#include "cyxwiz/cuda/launch.h"
+#include "cyxwiz/cuda/state.h"
+
+namespace cyxwiz::cuda {
+
+namespace {
+
+Status unknownActivation(const char* who, int dev, Activation f) {
+  return std::string(who) + " on cuda:" + std::to_string(dev) + ": unknown Activation " + std::to_string(int(f));
+}
+
+}  // namespace
+
+Status ApiImpl::fill(int dev, float* dst, int64_t n, float value) noexcept {
+  if (n <= 0) return {};
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  launchFill(s->compute, dst, n, value);
+  return launchStatus("fillKernel", dev);
+}
+
+Status ApiImpl::broadcastRows(int dev, const float* row, float* out, int64_t rows, int64_t cols) noexcept {
+  if (rows <= 0 || cols <= 0) return {};
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  launchBroadcastRows(s->compute, row, out, rows, cols);
+  return launchStatus("broadcastRowsKernel", dev);
+}
+
+Status ApiImpl::addColumnSums(int dev, const float* g, float* out, int64_t rows, int64_t cols) noexcept {
+  if (rows <= 0 || cols <= 0) return {};
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  launchAddColumnSums(s->compute, g, out, rows, cols);
+  return launchStatus("addColumnSumsKernel", dev);
+}
+
+Status ApiImpl::multiply(int dev, const float* a, const float* b, float* out, int64_t n) noexcept {
+  if (n <= 0) return {};
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  launchMultiply(s->compute, a, b, out, n);
+  return launchStatus("multiplyKernel", dev);
+}
+
+Status ApiImpl::activationForward(int dev, Activation f, const float* x, float* y, int64_t n) noexcept {
+  if (n <= 0) return {};
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  if (!knownActivation(f)) return unknownActivation("activationForward", dev, f);
+  launchActivationForward(s->compute, f, x, y, n);
+  return launchStatus("activationForwardKernel", dev);
+}
+
+Status ApiImpl::activationBackward(int dev, Activation f, const float* x, const float* g, float* dx,
+                                   int64_t n) noexcept {
+  if (n <= 0) return {};
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  if (!knownActivation(f)) return unknownActivation("activationBackward", dev, f);
+  launchActivationBackward(s->compute, f, x, g, dx, n);
+  return launchStatus("activationBackwardKernel", dev);
+}
+
+Status ApiImpl::dropoutForward(int dev, const float* x, float* y, float* mask, int64_t n, float keep,
+                               uint64_t seed, const uint64_t* seedOnDevice) noexcept {
+  if (!(keep > 0.0f && keep <= 1.0f)) {
+    return "dropoutForward on cuda:" + std::to_string(dev) + ": keep probability " + std::to_string(keep) +
+           " is outside (0, 1]";
+  }
+  if (n <= 0) return {};
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  launchDropout(s->compute, x, y, mask, n, keep, 1.0f / keep, seed, seedOnDevice);
+  return launchStatus("dropoutKernel", dev);
+}
+
+}  // namespace cyxwiz::cuda
