@@ -76,7 +76,7 @@ if(CYXWIZ_CUDA_BUILT)
   endforeach()
   file(CREATE_LINK "${CYXWIZ_NCCL_INCLUDE}/nccl.h" "${vendor_include}/nccl.h" SYMBOLIC)
   target_include_directories(cyxwiz_cuda PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} "${vendor_include}")
-  # cuBLASLt is called directly (blas_lt.cu), not only through cuBLAS; the static runtime needs no
+  # cuBLASLt is called directly (blas_lt.cpp), not only through cuBLAS; the static runtime needs no
   # libcudart at run time.
   target_link_libraries(cyxwiz_cuda PRIVATE CUDA::cudart_static ${CYXWIZ_CUBLAS_LIB} ${CYXWIZ_CUBLASLT_LIB}
                         ${CYXWIZ_NCCL_LIB})

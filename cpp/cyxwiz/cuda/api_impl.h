@@ -1,5 +1,7 @@
-// The one implementation of cuda::Api. Its methods are defined by topic across the .cu/.cpp files
-// of this directory (memory.cpp, blas.cu, blas_lt.cu, kernels_*.cu, graphs.cpp, nccl.cpp, api_impl.cpp).
+// The one implementation of cuda::Api. Its methods are defined by topic across the .cpp files of
+// this directory (memory.cpp, blas.cpp, blas_lt.cpp, ops_*.cpp, graphs.cpp, nccl.cpp, api_impl.cpp);
+// the kernels they launch are in the .cu files, behind launch.h, so that the tests' host emulator
+// (tests/gpu/emulator) compiles every .cpp here unchanged.
 #pragma once
 
 #include "cyxwiz/cuda/api.h"

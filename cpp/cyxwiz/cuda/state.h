@@ -62,7 +62,7 @@ Status useDevice(int dev, DeviceState** out) noexcept;
 // Returns and clears the device's pendingError (memory.cpp).
 Status takePendingError(DeviceState* s) noexcept;
 
-// Api::setTF32's flag (blas.cu), read by every GEMM path.
+// Api::setTF32's flag (blas.cpp), read by every GEMM path.
 bool tf32Enabled() noexcept;
 
 }  // namespace cyxwiz::cuda
