@@ -11,6 +11,7 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/sha256.h"
 #include "gil.h"
+#include "work.h"
 #include "numpy_convert.h"
 
 namespace py = pybind11;
@@ -20,50 +21,11 @@ using cyxwiz::bindings::BlockingCall;
 using cyxwiz::bindings::inplaceTensor;
 using cyxwiz::bindings::inputTensor;
 using cyxwiz::bindings::newArray;
+using cyxwiz::bindings::PyWork;
+using cyxwiz::bindings::finish;
+using cyxwiz::bindings::released;
 
 namespace {
-
-// A Work and what the collective hands back when it is done (gathered arrays, a part).
-struct PyWork {
-  std::shared_ptr<Work> work;
-  py::object result = py::none();
-
-  // Waits with the GIL released, waking every 100 ms so that Ctrl-C is not held up. Each wake-up
-  // (BlockingCall) releases the arrays the communication thread let go of (gil.h).
-  bool wait(std::optional<double> timeoutSeconds) {
-    if (work->isCompleted()) {  // blocking calls usually ran on this thread already
-      cyxwiz::bindings::drainPythonReleases();
-      work->wait();
-      return true;
-    }
-    auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      auto slice = std::chrono::milliseconds(100);
-      if (timeoutSeconds) {
-        auto left = std::chrono::duration<double>(*timeoutSeconds) - (std::chrono::steady_clock::now() - start);
-        if (left <= std::chrono::duration<double>(0)) {
-          throw cyxwiz::TimeoutError(makeString(work->description(), ": Work.wait: not completed within ", *timeoutSeconds,
-                                                " s (it is still running; wait again, or raise the timeout)"));
-        }
-        slice = std::min(slice, std::chrono::duration_cast<std::chrono::milliseconds>(left) + std::chrono::milliseconds(1));
-      }
-      bool done;
-      {
-        BlockingCall unlocked;
-        done = work->waitFor(slice);
-      }
-      if (done) return true;
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    }
-  }
-};
-
-py::object finish(std::shared_ptr<Work> work, bool async, py::object result) {
-  PyWork w{std::move(work), std::move(result)};
-  if (async) return py::cast(std::move(w));
-  w.wait(std::nullopt);
-  return w.result;
-}
 
 // The process group's lock may be held by init() on another thread (see get_rank below).
 std::shared_ptr<Backend> currentBackend(const char* operation) {
@@ -71,13 +33,6 @@ std::shared_ptr<Backend> currentBackend(const char* operation) {
   return backend(operation);
 }
 
-// One GIL release per call: the backend lookup (which may wait for init() on another thread) and
-// the collective run in the same released section.
-template <typename F>
-std::shared_ptr<Work> released(F&& f) {
-  BlockingCall unlocked;
-  return f();
-}
 
 void registerExceptions(py::module_& d) {
   auto make = [&](const char* name, py::handle bases, const char* doc) {
@@ -130,6 +85,7 @@ static bool pythonSignalPending() {
 void init_ddp(py::module_& d);
 void init_trainer(py::module_& d);
 void init_train_step(py::module_& d);
+void init_group(py::module_& d);
 
 void init_distributed(py::module_& m) {
   py::module_ d = m.def_submodule("distributed", "Data-parallel communication: init, collectives, errors.");
@@ -243,4 +199,5 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
   init_ddp(d);
   init_trainer(d);
   init_train_step(d);
+  init_group(d);
 }

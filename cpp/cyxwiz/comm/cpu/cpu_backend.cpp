@@ -75,14 +75,21 @@ std::string publishedIp(const DistributedConfig& config, const std::string& viaM
 
 }  // namespace
 
-CpuBackend::CpuBackend(const DistributedConfig& config) : Backend(config), spin_(spinBudget(config)) {
+CpuBackend::CpuBackend(const DistributedConfig& config, const std::function<void(int)>& servedOn)
+    : Backend(config), spin_(spinBudget(config)) {
   if (config.worldSize > 1) {
     Deadline deadline = deadlineAfterMs(config.timeoutMs);
-    if (config.rank == 0) server_ = std::make_unique<StoreServer>(config);
+    if (config.rank == 0) {
+      server_ = std::make_unique<StoreServer>(config_);
+      // masterPort 0: the server took a free port, which the others learn from whoever gave them
+      // this config (servedOn: another framework's store, pycyxwiz.torch).
+      config_.masterPort = server_->port();
+      if (servedOn) servedOn(config_.masterPort);
+    }
     try {
-      store_ = std::make_unique<TcpStore>(config, deadline);
-      monitor_ = std::make_unique<Monitor>(config, deadline);
-      RingLinks links = connectRing(config, *store_, publishedIp(config, store_->localIp()), deadline);
+      store_ = std::make_unique<TcpStore>(config_, deadline);
+      monitor_ = std::make_unique<Monitor>(config_, deadline);
+      RingLinks links = connectRing(config_, *store_, publishedIp(config_, store_->localIp()), deadline);
       left_ = std::move(links.left);
       right_ = std::move(links.right);
       partners_ = std::move(links.partners);

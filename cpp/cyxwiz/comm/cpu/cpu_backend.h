@@ -32,7 +32,9 @@ class Ring;
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const DistributedConfig& config);
+  // `servedOn` (rank 0 only): called with the port rank 0's rendezvous server listens on, once it
+  // does and before anyone is waited for; with config.masterPort 0 that port is a free one.
+  explicit CpuBackend(const DistributedConfig& config, const std::function<void(int)>& servedOn = {});
   ~CpuBackend() override;
 
   std::string name() const override { return "cpu"; }

@@ -1,0 +1,78 @@
+// cx.distributed._Group: a CPU process group of its own, beside the one init() makes. It is what
+// pycyxwiz.torch builds a torch.distributed backend on: one per torch process group (sub-groups
+// included), with rank 0's rendezvous on a free port that the others learn through torch's store.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "cyxwiz/comm/cpu/cpu_backend.h"
+#include "gil.h"
+#include "numpy_convert.h"
+#include "work.h"
+
+namespace py = pybind11;
+using namespace cyxwiz;
+using namespace cyxwiz::comm;
+using cyxwiz::bindings::BlockingCall;
+using cyxwiz::bindings::finish;
+using cyxwiz::bindings::inplaceTensor;
+using cyxwiz::bindings::inputTensor;
+using cyxwiz::bindings::released;
+
+namespace {
+
+std::shared_ptr<CpuBackend> makeGroup(DistributedConfig config, std::optional<std::function<void(int)>> servedOn) {
+  // Port 0 is how rank 0 asks for a free port, which it then tells the others through servedOn.
+  DistributedConfig checked = config;
+  if (config.rank == 0 && config.masterPort == 0 && servedOn) checked.masterPort = 1;
+  checked.validate();
+  std::function<void(int)> publish;
+  if (servedOn) {
+    // Called on this thread inside the released section below: take the GIL back for the callback.
+    publish = [&servedOn](int port) {
+      py::gil_scoped_acquire gil;
+      (*servedOn)(port);
+    };
+  }
+  BlockingCall unlocked;
+  return std::make_shared<CpuBackend>(config, publish);
+}
+
+}  // namespace
+
+void init_group(py::module_& d) {
+  py::class_<CpuBackend, std::shared_ptr<CpuBackend>>(d, "_Group", R"doc(A CPU process group of its own (pycyxwiz.torch).
+
+_Group(config, served_on=None): config.master_port 0 on rank 0 serves the rendezvous on a free port
+and calls served_on(port) before waiting for anyone; the other ranks are given that port.)doc")
+      .def(py::init(&makeGroup), py::arg("config"), py::arg("served_on") = py::none())
+      .def_property_readonly("rank", &CpuBackend::rank)
+      .def_property_readonly("world_size", &CpuBackend::worldSize)
+      .def("all_reduce", [](CpuBackend& g, py::object array, ReduceOp op, bool async) {
+        Tensor t = inplaceTensor(array, "all_reduce");
+        return finish(released([&] { return g.allReduce(t, op, async); }), async, py::none());
+      }, py::arg("array"), py::arg("op") = ReduceOp::Sum, py::arg("async_op") = false)
+      .def("broadcast", [](CpuBackend& g, py::object array, int src, bool async) {
+        Tensor t = inplaceTensor(array, "broadcast");
+        return finish(released([&] { return g.broadcast(t, src, async); }), async, py::none());
+      }, py::arg("array"), py::arg("src") = 0, py::arg("async_op") = false)
+      .def("all_gather", [](CpuBackend& g, py::object in, py::object out, bool async) {
+        Tensor i = inputTensor(in, "all_gather"), o = inplaceTensor(out, "all_gather");
+        return finish(released([&] { return g.allGather(i, o, async); }), async, py::none());
+      }, py::arg("array"), py::arg("out"), py::arg("async_op") = false,
+         "Every rank's array into `out` (world_size x its elements, rank-major).")
+      .def("reduce_scatter", [](CpuBackend& g, py::object in, py::object out, ReduceOp op, bool async) {
+        Tensor i = inputTensor(in, "reduce_scatter"), o = inplaceTensor(out, "reduce_scatter");
+        return finish(released([&] { return g.reduceScatter(i, o, op, async); }), async, py::none());
+      }, py::arg("array"), py::arg("out"), py::arg("op") = ReduceOp::Sum, py::arg("async_op") = false,
+         "This rank's part of the combined array into `out` (numpy.array_split's parts).")
+      .def("barrier", [](CpuBackend& g, bool async) {
+        return finish(released([&] { return g.barrier(async); }), async, py::none());
+      }, py::arg("async_op") = false)
+      .def("shutdown", [](CpuBackend& g) {
+        BlockingCall unlocked;
+        g.shutdown();
+      });
+}

@@ -1,0 +1,230 @@
+"""pycyxwiz as a torch.distributed backend (`import pycyxwiz.torch`; `init_process_group("cyxwiz")`),
+between real rank processes on 127.0.0.1 (the `ranks` harness: a free port, a hard timeout, every
+process killed at the end), and under the real torchrun.
+
+Oracles: numpy on every rank's seeded inputs for the collectives; the same PyTorch DDP script with
+backend "gloo" for training (identical parameters at the end)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+PRELUDE = r'''
+import json, os, sys
+import numpy as np
+import torch
+import torch.distributed as dist
+import pycyxwiz.torch  # registers "cyxwiz"
+
+RANK, WS = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+errors = []
+
+
+def expect(cond, msg):
+    if not cond:
+        errors.append(str(msg))
+
+
+def rank_input(r, n, dtype, seed=0):
+    rng = np.random.RandomState(1000 * seed + r)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(n).astype(dtype)
+    if np.dtype(dtype).kind == "b":
+        return rng.randint(0, 2, n).astype(bool)
+    return rng.randint(-50 if np.dtype(dtype).kind == "i" else 0, 50, n).astype(dtype)
+'''
+
+COLLECTIVES = PRELUDE + r'''
+dist.init_process_group(os.environ.get("TEST_BACKEND", "cyxwiz"))
+expect(dist.get_backend() == os.environ.get("TEST_BACKEND", "cyxwiz"), dist.get_backend())
+R = dist.ReduceOp
+oracles = {R.SUM: lambda xs: np.sum(xs, 0), R.PRODUCT: lambda xs: np.prod(xs, 0), R.MIN: lambda xs: np.min(xs, 0),
+           R.MAX: lambda xs: np.max(xs, 0), R.AVG: lambda xs: np.mean(xs, 0)}
+checks = 0
+for dtype, tdtype in [(np.float32, torch.float32), (np.float64, torch.float64), (np.int32, torch.int32),
+                      (np.int64, torch.int64)]:
+    for op, oracle in oracles.items():
+        if op == R.AVG and np.dtype(dtype).kind != "f":
+            continue
+        n = 1000 + 7
+        xs = [rank_input(r, n, dtype, seed=3) for r in range(WS)]
+        if op == R.PRODUCT:
+            xs = [np.clip(x, -2, 2) for x in xs]
+        t = torch.from_numpy(xs[RANK].copy())
+        dist.all_reduce(t, op=op)
+        want = oracle(np.stack(xs)).astype(dtype)
+        tol = 1e-5 if np.dtype(dtype).kind == "f" else 0
+        expect(np.allclose(t.numpy(), want, rtol=tol, atol=tol), f"all_reduce {op} {dtype}: {t.numpy()[:3]} vs {want[:3]}")
+        checks += 1
+# 16-bit floats (reduced in float32), small integers and bool, bitwise ops.
+for tdtype in (torch.float16, torch.bfloat16):
+    xs = [torch.full((33,), float(r + 1)).to(tdtype) for r in range(WS)]
+    t = xs[RANK].clone()
+    dist.all_reduce(t)
+    expect(torch.equal(t, torch.full((33,), float(sum(range(1, WS + 1)))).to(tdtype)), f"{tdtype}: {t[:3]}")
+    checks += 1
+for dtype, tdtype in [(np.int8, torch.int8), (np.uint8, torch.uint8), (bool, torch.bool)]:
+    xs = [rank_input(r, 64, dtype, seed=5) for r in range(WS)]
+    for op, fn in [(R.BAND, np.bitwise_and), (R.BOR, np.bitwise_or), (R.BXOR, np.bitwise_xor)]:
+        t = torch.from_numpy(xs[RANK].copy())
+        dist.all_reduce(t, op=op)
+        want = fn.reduce(np.stack(xs), axis=0)
+        expect(np.array_equal(t.numpy(), want), f"all_reduce {op} {dtype}")
+        checks += 1
+# Non-contiguous: a column of a matrix.
+m = torch.arange(20, dtype=torch.float32).reshape(4, 5) * (RANK + 1)
+col = m[:, 1]
+dist.all_reduce(col)
+expect(torch.equal(m[:, 1], torch.arange(20, dtype=torch.float32).reshape(4, 5)[:, 1] * sum(range(1, WS + 1))), m[:, 1])
+# broadcast, all_gather (list and into tensor), reduce_scatter_tensor, gather, scatter, reduce, barrier.
+b = torch.full((10,), float(RANK))
+dist.broadcast(b, src=WS - 1)
+expect(torch.equal(b, torch.full((10,), float(WS - 1))), f"broadcast {b[:3]}")
+parts = [torch.empty(5, dtype=torch.int64) for _ in range(WS)]
+dist.all_gather(parts, torch.arange(5, dtype=torch.int64) + 10 * RANK)
+expect(all(torch.equal(p, torch.arange(5) + 10 * r) for r, p in enumerate(parts)), f"all_gather {parts}")
+out = torch.empty(WS * 6)
+dist.all_gather_into_tensor(out, torch.full((6,), float(RANK)))
+expect(torch.equal(out, torch.repeat_interleave(torch.arange(WS, dtype=torch.float32), 6)), f"all_gather_into_tensor {out}")
+big = torch.arange(WS * 4, dtype=torch.float32) * (RANK + 1)
+mine = torch.empty(4)
+dist.reduce_scatter_tensor(mine, big)
+expect(torch.equal(mine, (torch.arange(WS * 4, dtype=torch.float32) * sum(range(1, WS + 1)))[RANK * 4:(RANK + 1) * 4]),
+       f"reduce_scatter_tensor {mine}")
+g = [torch.empty(3) for _ in range(WS)] if RANK == 0 else None
+dist.gather(torch.full((3,), float(RANK)), g, dst=0)
+if RANK == 0:
+    expect(all(torch.equal(x, torch.full((3,), float(r))) for r, x in enumerate(g)), f"gather {g}")
+s = torch.empty(2)
+dist.scatter(s, [torch.full((2,), float(r * 7)) for r in range(WS)] if RANK == WS - 1 else None, src=WS - 1)
+expect(torch.equal(s, torch.full((2,), float(RANK * 7))), f"scatter {s}")
+r = torch.full((4,), float(RANK + 1))
+dist.reduce(r, dst=0)
+if RANK == 0:
+    expect(torch.equal(r, torch.full((4,), float(sum(range(1, WS + 1))))), f"reduce {r}")
+a2a_in = torch.arange(WS * 2, dtype=torch.float32) + 100 * RANK
+a2a_out = torch.empty(WS * 2)
+dist.all_to_all_single(a2a_out, a2a_in)
+want = torch.cat([torch.arange(WS * 2, dtype=torch.float32)[RANK * 2:RANK * 2 + 2] + 100 * q for q in range(WS)])
+expect(torch.equal(a2a_out, want), f"all_to_all_single {a2a_out} vs {want}")
+dist.barrier()
+# Asynchronous: a Work at once, then wait; its future holds the tensors.
+t = torch.ones(1 << 16)
+w = dist.all_reduce(t, async_op=True)
+fut = w.get_future()
+w.wait()
+expect(fut.wait()[0] is t and torch.equal(t, torch.full((1 << 16,), float(WS))), "async all_reduce / future")
+expect(w.is_completed() and w.exception() is None, "Work state")
+# A sub-group of ranks 0 and the last: its own communicator; the others take no part.
+sub = dist.new_group(sorted({0, WS - 1}))
+if RANK in (0, WS - 1):
+    x = torch.full((8,), float(RANK))
+    dist.all_reduce(x, group=sub)
+    expect(torch.equal(x, torch.full((8,), float(WS - 1 if WS > 1 else 0))), f"sub-group all_reduce {x}")
+dist.barrier()
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors, "checks": checks}), flush=True)
+'''
+
+
+def results_of(ranks, results, world_size):
+    assert all(r.rc == 0 for r in results), ranks.report(results)[-6000:]
+    reports = []
+    for r in results:
+        lines = [line for line in r.out.splitlines() if line.startswith("RESULT ")]
+        assert lines, ranks.report(results)[-6000:]
+        reports.append(json.loads(lines[-1][7:]))
+    problems = [f"rank {rep['rank']}: {e}" for rep in reports for e in rep["errors"]]
+    assert not problems, "\n".join(problems[:30])
+    return reports
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_collectives_through_torch_distributed_match_numpy(ranks, world_size):
+    reports = results_of(ranks, ranks.run(COLLECTIVES, world_size, timeout=120), world_size)
+    assert all(rep["checks"] > 20 for rep in reports)
+
+
+DDP = PRELUDE + r'''
+import torch.nn as nn
+backend = sys.argv[1]
+dist.init_process_group(backend)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 5))
+ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)  # several buckets: overlap
+opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
+rng = np.random.RandomState(RANK)
+for step in range(20):
+    x = torch.from_numpy(rng.standard_normal((16, 20)).astype(np.float32))
+    y = torch.from_numpy(rng.randint(0, 5, 16))
+    opt.zero_grad()
+    nn.functional.cross_entropy(ddp(x), y).backward()
+    opt.step()
+params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+gathered = [torch.empty_like(params) for _ in range(WS)]
+dist.all_gather(gathered, params)
+expect(all(torch.equal(g, params) for g in gathered), "ranks ended with different parameters")
+np.save(sys.argv[2] + f".{RANK}.npy", params.numpy())
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
+'''
+
+
+def test_ddp_with_cyxwiz_ends_where_ddp_with_gloo_ends(ranks, tmp_path):
+    """Same script, same seeds, 2 ranks: DDP with several gradient buckets over "cyxwiz" and over "gloo"
+    end with the same parameters (float32 sums of two ranks are exact in either order)."""
+    import numpy as np
+    out = {}
+    for backend in ("gloo", "cyxwiz"):
+        ranks.port = __import__("conftest").free_port()
+        path = ranks.script(DDP, f"ddp_{backend}.py")
+        procs = []
+        for r in range(2):
+            env = ranks.env(r, 2)
+            procs.append(subprocess.Popen([sys.executable, str(path), backend, str(tmp_path / backend)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True, cwd=tmp_path))
+            procs[-1].rank = r
+            ranks.procs.append(procs[-1])
+        results_of(ranks, ranks.wait(procs, timeout=120), 2)
+        out[backend] = np.load(tmp_path / f"{backend}.0.npy")
+    np.testing.assert_allclose(out["cyxwiz"], out["gloo"], rtol=1e-6, atol=1e-7)
+
+
+TORCHRUN_SCRIPT = PRELUDE + r'''
+dist.init_process_group("cyxwiz")
+t = torch.full((4,), float(RANK + 1))
+dist.all_reduce(t)
+expect(torch.equal(t, torch.full((4,), float(sum(range(1, WS + 1))))), t)
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
+'''
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+def test_init_process_group_cyxwiz_under_torchrun(tmp_path):
+    """The real torchrun: its agent's store on MASTER_PORT is the only port configured."""
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["CYXWIZ_NUM_THREADS"] = "1"
+    p = subprocess.Popen(["torchrun", "--nproc-per-node", "2", "--master-port",
+                          str(__import__("conftest").free_port()), str(script)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.communicate()
+    lines = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+    assert p.returncode == 0 and len(lines) == 2, f"rc={p.returncode}\n{out}\n{err[-4000:]}"
+    assert all(rep["errors"] == [] for rep in lines), lines
