@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from trainer_scripts import free_port
 
 torch = pytest.importorskip("torch")
 
@@ -184,7 +185,7 @@ def test_ddp_with_cyxwiz_ends_where_ddp_with_gloo_ends(ranks, tmp_path):
     import numpy as np
     out = {}
     for backend in ("gloo", "cyxwiz"):
-        ranks.port = __import__("conftest").free_port()
+        ranks.port = free_port()
         path = ranks.script(DDP, f"ddp_{backend}.py")
         procs = []
         for r in range(2):
@@ -217,7 +218,7 @@ def test_init_process_group_cyxwiz_under_torchrun(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["CYXWIZ_NUM_THREADS"] = "1"
     p = subprocess.Popen(["torchrun", "--nproc-per-node", "2", "--master-port",
-                          str(__import__("conftest").free_port()), str(script)],
+                          str(free_port()), str(script)],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = p.communicate(timeout=120)
@@ -228,3 +229,27 @@ def test_init_process_group_cyxwiz_under_torchrun(tmp_path):
     lines = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
     assert p.returncode == 0 and len(lines) == 2, f"rc={p.returncode}\n{out}\n{err[-4000:]}"
     assert all(rep["errors"] == [] for rep in lines), lines
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+def test_the_torch_ddp_example_learns_under_torchrun_as_with_gloo(tmp_path):
+    """examples/torch_ddp.py (a DDP guide's script with backend="cyxwiz") under the real torchrun,
+    2 ranks: it learns, and its epoch losses are those of the same run on Gloo."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    losses = {}
+    for backend in ("gloo", "cyxwiz"):
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        p = subprocess.Popen(["torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                              os.path.join(root, "examples", "torch_ddp.py"), "--epochs", "3", "--backend", backend],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=180)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.communicate()
+        lines = [line for line in out.splitlines() if line.startswith("epoch ")]
+        assert p.returncode == 0 and len(lines) == 3, f"{backend}: rc={p.returncode}\n{out}\n{err[-4000:]}"
+        losses[backend] = [float(line.split("loss ")[1].split(",")[0]) for line in lines]
+    assert losses["cyxwiz"][-1] < 0.7 * losses["cyxwiz"][0], losses
+    assert losses["cyxwiz"] == pytest.approx(losses["gloo"], rel=1e-4), losses
