@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 import pycyxwiz as cx
 
-__all__ = ["BACKEND", "CyxwizProcessGroup"]
+__all__ = ["BACKEND", "CyxwizProcessGroup", "DistTimeoutError"]
 
 BACKEND = "cyxwiz"
 D = cx.distributed
@@ -180,11 +180,18 @@ class _Work(dist._Work):
         return self._outputs
 
 
+class DistTimeoutError(dist.DistBackendError, TimeoutError):
+    """A collective or the rendezvous ran past init_process_group's timeout: torch's DistBackendError
+    (what c10d raises for a timeout) and Python's TimeoutError."""
+
+
 def _torch_error(e: BaseException) -> BaseException:
     """Our error as torch's own class, with our message (rank, operation, peer, remedy)."""
     if isinstance(e, D.DistTimeoutError):
-        cls = getattr(dist, "DistTimeoutError", dist.DistBackendError)
-    elif isinstance(e, D.DistNetworkError):
+        err = DistTimeoutError(f"{e} (with torch.distributed: raise init_process_group(timeout=...))")
+        err.__cause__ = e
+        return err
+    if isinstance(e, D.DistNetworkError):
         cls = dist.DistNetworkError
     elif isinstance(e, D.DistStoreError):
         cls = dist.DistStoreError
@@ -242,6 +249,19 @@ class CyxwizProcessGroup(dist.ProcessGroup):
     # ---- what torch asks of every backend ----
     def getBackendName(self) -> str:
         return BACKEND
+
+    # A Python ProcessGroup keeps its own name and description (DeviceMesh and FSDP look them up).
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return getattr(self, "_group_desc", "")
 
     def _start(self, pending, buffers, outputs, finish=None) -> _Work:
         return _Work(pending, buffers, outputs, finish, self._completer)

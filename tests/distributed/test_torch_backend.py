@@ -253,3 +253,108 @@ def test_the_torch_ddp_example_learns_under_torchrun_as_with_gloo(tmp_path):
         losses[backend] = [float(line.split("loss ")[1].split(",")[0]) for line in lines]
     assert losses["cyxwiz"][-1] < 0.7 * losses["cyxwiz"][0], losses
     assert losses["cyxwiz"] == pytest.approx(losses["gloo"], rel=1e-4), losses
+
+
+FAILURES = PRELUDE + r'''
+import time
+from datetime import timedelta
+mode = os.environ["TEST_MODE"]
+dist.init_process_group("cyxwiz", timeout=timedelta(seconds=3))
+t = torch.ones(1000)
+dist.all_reduce(t)  # everyone is here
+if mode == "meta":
+    try:
+        dist.all_reduce(torch.ones(4, device="meta"))
+        errors.append("a meta tensor was accepted")
+    except ValueError as e:
+        out = {"cls": type(e).__name__, "message": str(e)}
+elif RANK == 1:
+    if mode == "dead":
+        os._exit(0)          # a peer that dies without a word
+    time.sleep(30)           # a peer that never calls the collective; the harness kills it
+    os._exit(0)
+else:
+    start = time.monotonic()
+    out = {}
+    try:
+        dist.all_reduce(t)
+        errors.append("all_reduce returned without rank 1")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out = {"cls": type(e).__name__, "torch_family": isinstance(e, dist.DistBackendError) or
+               isinstance(e, dist.DistError), "message": str(e)}
+    out["seconds"] = time.monotonic() - start
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors, **out}), flush=True)
+os._exit(0)
+'''
+
+
+def test_a_dead_peer_raises_torchs_error_naming_it(ranks):
+    [r0, r1] = ranks.run(FAILURES, 2, env={"TEST_MODE": "dead"}, timeout=60)
+    assert r0.rc == 0, ranks.report([r0, r1])
+    rep = json.loads([line for line in r0.out.splitlines() if line.startswith("RESULT ")][-1][7:])
+    assert rep["errors"] == [] and rep["torch_family"], rep
+    assert "rank 1" in rep["message"] and rep["seconds"] < 10, rep
+
+
+def test_a_silent_peer_times_out_after_init_process_groups_timeout(ranks):
+    procs = ranks.start(FAILURES, 2, env={"TEST_MODE": "silent"})
+    [r0] = ranks.wait(procs[:1], timeout=60)
+    assert r0.rc == 0, ranks.report([r0])
+    rep = json.loads([line for line in r0.out.splitlines() if line.startswith("RESULT ")][-1][7:])
+    assert rep["errors"] == [] and rep["torch_family"] and rep["cls"] == "DistTimeoutError", rep
+    assert "init_process_group(timeout=...)" in rep["message"] and "rank 1" in rep["message"], rep
+    assert 2.5 <= rep["seconds"] <= 3 + 6, rep
+
+
+def test_a_tensor_off_the_cpu_is_refused_with_the_remedy(ranks):
+    [r0] = ranks.run(FAILURES, 1, env={"TEST_MODE": "meta"}, timeout=60)
+    assert r0.rc == 0, ranks.report([r0])
+    rep = json.loads([line for line in r0.out.splitlines() if line.startswith("RESULT ")][-1][7:])
+    assert rep["errors"] == [] and rep["cls"] == "ValueError" and "nccl" in rep["message"], rep
+
+
+FSDP2 = PRELUDE + r'''
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+backend = sys.argv[1]
+dist.init_process_group(backend)
+torch.manual_seed(0)
+mesh = init_device_mesh("cpu", (WS,))
+model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+for layer in model:
+    if isinstance(layer, nn.Linear):
+        fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+rng = np.random.RandomState(RANK)
+for step in range(5):
+    x = torch.from_numpy(rng.standard_normal((32, 784)).astype(np.float32))
+    y = torch.from_numpy(rng.randint(0, 10, 32))
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+shard = torch.cat([p.to_local().detach().reshape(-1) for p in model.parameters()])  # this rank's shards
+np.save(sys.argv[2] + f".{RANK}.npy", shard.numpy())
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
+'''
+
+
+def test_fsdp2_fully_shard_trains_as_with_gloo(ranks, tmp_path):
+    """FSDP2 (fully_shard over a CPU DeviceMesh: all_gather_into_tensor and reduce_scatter_tensor on every
+    layer), 2 ranks, 5 Adam steps: every rank's shards end bit-identical to the same run on Gloo."""
+    import numpy as np
+    for backend in ("gloo", "cyxwiz"):
+        ranks.port = free_port()
+        path = ranks.script(FSDP2, f"fsdp_{backend}.py")
+        procs = []
+        for r in range(2):
+            procs.append(subprocess.Popen([sys.executable, str(path), backend, str(tmp_path / backend)],
+                                          env=ranks.env(r, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True, cwd=tmp_path))
+            procs[-1].rank = r
+            ranks.procs.append(procs[-1])
+        results_of(ranks, ranks.wait(procs, timeout=180), 2)
+    for r in range(2):
+        np.testing.assert_array_equal(np.load(tmp_path / f"cyxwiz.{r}.npy"), np.load(tmp_path / f"gloo.{r}.npy"))
