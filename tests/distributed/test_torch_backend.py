@@ -136,8 +136,11 @@ print("RESULT " + json.dumps({"rank": RANK, "errors": errors, "checks": checks})
 '''
 
 
-def results_of(ranks, results, world_size):
-    assert all(r.rc == 0 for r in results), ranks.report(results)[-6000:]
+def results_of(ranks, results, world_size, oracle=False):
+    # oracle: a Gloo run that only provides the expected values. Gloo itself sometimes aborts at exit
+    # after a complete run ("terminate called without an active exception", 3 of 6 torchrun runs of
+    # examples/torch_ddp.py without pycyxwiz imported); its report must still be there and clean.
+    assert oracle or all(r.rc == 0 for r in results), ranks.report(results)[-6000:]
     reports = []
     for r in results:
         lines = [line for line in r.out.splitlines() if line.startswith("RESULT ")]
@@ -195,7 +198,7 @@ def test_ddp_with_cyxwiz_ends_where_ddp_with_gloo_ends(ranks, tmp_path):
                                           start_new_session=True, cwd=tmp_path))
             procs[-1].rank = r
             ranks.procs.append(procs[-1])
-        results_of(ranks, ranks.wait(procs, timeout=120), 2)
+        results_of(ranks, ranks.wait(procs, timeout=120), 2, oracle=backend == "gloo")
         out[backend] = np.load(tmp_path / f"{backend}.0.npy")
     np.testing.assert_allclose(out["cyxwiz"], out["gloo"], rtol=1e-6, atol=1e-7)
 
@@ -249,7 +252,10 @@ def test_the_torch_ddp_example_learns_under_torchrun_as_with_gloo(tmp_path):
                 os.killpg(p.pid, 9)
                 p.communicate()
         lines = [line for line in out.splitlines() if line.startswith("epoch ")]
-        assert p.returncode == 0 and len(lines) == 3, f"{backend}: rc={p.returncode}\n{out}\n{err[-4000:]}"
+        # The Gloo run is only the oracle and Gloo sometimes aborts at exit after a complete run (see
+        # results_of): it must have trained; only our run must also exit cleanly.
+        assert len(lines) == 3 and (p.returncode == 0 or backend == "gloo"), \
+            f"{backend}: rc={p.returncode}\n{out}\n{err[-4000:]}"
         losses[backend] = [float(line.split("loss ")[1].split(",")[0]) for line in lines]
     assert losses["cyxwiz"][-1] < 0.7 * losses["cyxwiz"][0], losses
     assert losses["cyxwiz"] == pytest.approx(losses["gloo"], rel=1e-4), losses
@@ -355,6 +361,6 @@ def test_fsdp2_fully_shard_trains_as_with_gloo(ranks, tmp_path):
                                           start_new_session=True, cwd=tmp_path))
             procs[-1].rank = r
             ranks.procs.append(procs[-1])
-        results_of(ranks, ranks.wait(procs, timeout=180), 2)
+        results_of(ranks, ranks.wait(procs, timeout=180), 2, oracle=backend == "gloo")
     for r in range(2):
         np.testing.assert_array_equal(np.load(tmp_path / f"cyxwiz.{r}.npy"), np.load(tmp_path / f"gloo.{r}.npy"))
