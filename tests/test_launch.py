@@ -326,6 +326,7 @@ FORKS = """
     child = subprocess.Popen(["sleep", "1000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (HERE / f"child.{RANK}").write_text(str(child.pid))
     if RANK == int(sys.argv[1]):
+        wait_for("child.0", "child.1")  # both ranks have a child before this one fails and the others stop
         sys.exit(int(sys.argv[2]))
     time.sleep(600 if int(sys.argv[2]) else 0)
 """
