@@ -42,29 +42,30 @@ _WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.int
           torch.uint8: torch.int64, torch.int16: torch.int64, torch.bool: torch.int64}
 
 
-def _op_of(op) -> object:
+def _op_of(op, rank: int) -> object:
     """torch's ReduceOp (or its RedOpType) as ours; bitwise ops are handled by the caller."""
     kind = op.op if hasattr(op, "op") else op
     for t, ours in _NATIVE_OPS.items():
         if kind == t:
             return ours
-    raise ValueError(f"cyxwiz backend: ReduceOp {kind} is not supported (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, "
-                     f"BXOR are)")
+    raise ValueError(f"cyxwiz backend, rank {rank}: ReduceOp {kind} is not supported (SUM, AVG, PRODUCT, MIN, MAX, "
+                     f"BAND, BOR, BXOR are)")
 
 
 class _Buffer:
     """A tensor as the communicator sees it: its own memory when it can, else a contiguous copy of a
     dtype the ring reduces, written back by ``done()``."""
 
-    def __init__(self, tensor: torch.Tensor, what: str):
+    def __init__(self, tensor: torch.Tensor, what: str, rank: int):
         if tensor.device.type != "cpu":
-            raise ValueError(f"cyxwiz backend: {what} got a tensor on {tensor.device}; the cyxwiz backend moves CPU "
+            raise ValueError(f"cyxwiz backend, rank {rank}: {what} got a tensor on {tensor.device}; it moves CPU "
                              f"tensors. Use backend=\"nccl\" for GPU tensors, or init_process_group(backend="
                              f"\"cpu:cyxwiz,cuda:nccl\")")
         self.tensor = tensor
         wide = _WIDER.get(tensor.dtype)
         if wide is None and tensor.dtype not in _NATIVE_DTYPES:
-            raise TypeError(f"cyxwiz backend: {what} does not move {tensor.dtype} tensors")
+            raise TypeError(f"cyxwiz backend, rank {rank}: {what} does not move {tensor.dtype} tensors; convert to "
+                            f"float32, float64 or an integer type first")
         self.copied = wide is not None or not tensor.is_contiguous()
         self.view = (tensor.to(wide) if wide is not None else tensor.contiguous()) if self.copied else tensor
         self.array = self.view.detach().numpy()
@@ -138,21 +139,14 @@ class _Work(dist._Work):
                 return
             try:
                 self._pending.wait(timeout)
-            except D.DistTimeoutError:
-                if timeout is not None:
-                    raise  # the collective goes on: a later wait may still see it finish
-                self._error = _torch_error(self._current_exception())
-            except D.DistError:
-                self._error = _torch_error(self._current_exception())
+            except D.DistError as e:
+                if timeout is not None and isinstance(e, D.DistTimeoutError):
+                    raise _torch_error(e) from e  # the collective goes on: a later wait may see it finish
+                self._error = _torch_error(e)
             self._done = True
             self._settle()
             if self._error is not None and reraise:
                 raise self._error
-
-    @staticmethod
-    def _current_exception():
-        import sys
-        return sys.exc_info()[1]
 
     def wait(self, timeout=timedelta(0)) -> bool:
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
@@ -270,7 +264,7 @@ class CyxwizProcessGroup(dist.ProcessGroup):
         kind = op.op if hasattr(op, "op") else op
         if kind in _BITWISE_OPS:
             return self._bitwise(buffers, _BITWISE_OPS[kind])
-        ours = _op_of(op)
+        ours = _op_of(op, self.rank())
         pending = None
         for b in buffers:
             pending = _call(lambda b=b: self._group.all_reduce(b.array, ours, async_op=run_async))
@@ -283,7 +277,7 @@ class CyxwizProcessGroup(dist.ProcessGroup):
         pending = None
         for b in buffers:
             if b.view.dtype.is_floating_point:
-                raise TypeError("cyxwiz backend: bitwise reductions need integer or bool tensors")
+                raise TypeError(f"cyxwiz backend, rank {self.rank()}: BAND/BOR/BXOR need integer or bool tensors")
             out = torch.empty((world,) + tuple(b.view.shape), dtype=b.view.dtype)
             pending = _call(lambda b=b, out=out: self._group.all_gather(b.array, out.numpy(), async_op=True))
             gathered.append((b, out))
@@ -298,19 +292,19 @@ class CyxwizProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else _R.SUM
-        buffers = [_Buffer(t, "all_reduce") for t in tensors]
+        buffers = [_Buffer(t, "all_reduce", self.rank()) for t in tensors]
         pending, finish = self._all_reduce_buffers(buffers, op, _is_async(opts))
         return self._start(pending, buffers, tensors, finish)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else _R.SUM
-        buffers = [_Buffer(t, "all_reduce_coalesced") for t in tensors]
+        buffers = [_Buffer(t, "all_reduce_coalesced", self.rank()) for t in tensors]
         pending, finish = self._all_reduce_buffers(buffers, op)
         return self._start(pending, buffers, tensors, finish)
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        buffers = [_Buffer(t, "broadcast") for t in tensors]
+        buffers = [_Buffer(t, "broadcast", self.rank()) for t in tensors]
         run_async = _is_async(opts)
         pending = None
         for b in buffers:
@@ -318,8 +312,8 @@ class CyxwizProcessGroup(dist.ProcessGroup):
         return self._start(pending, buffers, tensors)
 
     def _gather_into(self, out: torch.Tensor, inp: torch.Tensor, what: str):
-        src = _Buffer(inp, what)
-        dst = _Buffer(out, what)
+        src = _Buffer(inp, what, self.rank())
+        dst = _Buffer(out, what, self.rank())
         pending = _call(lambda: self._group.all_gather(src.array, dst.array, async_op=True))
         return pending, dst
 
@@ -349,10 +343,12 @@ class CyxwizProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output, input, opts=None):
         op = opts.reduceOp if opts is not None else _R.SUM
         if input.numel() != output.numel() * self.size():
-            raise ValueError(f"cyxwiz backend: reduce_scatter_tensor needs an input of world_size x {output.numel()} "
-                             f"elements, got {input.numel()}")
-        src, dst = _Buffer(input, "reduce_scatter_tensor"), _Buffer(output, "reduce_scatter_tensor")
-        pending = _call(lambda: self._group.reduce_scatter(src.array.reshape(-1), dst.array.reshape(-1), _op_of(op),
+            raise ValueError(f"cyxwiz backend, rank {self.rank()}: reduce_scatter_tensor needs an input of "
+                             f"world_size x {output.numel()} elements, got {input.numel()}")
+        src = _Buffer(input, "reduce_scatter_tensor", self.rank())
+        dst = _Buffer(output, "reduce_scatter_tensor", self.rank())
+        ours = _op_of(op, self.rank())
+        pending = _call(lambda: self._group.reduce_scatter(src.array.reshape(-1), dst.array.reshape(-1), ours,
                                                           async_op=True))
         return self._start(pending, [dst], [output])
 
@@ -372,7 +368,7 @@ class CyxwizProcessGroup(dist.ProcessGroup):
     # Built from the ring's collectives: correct, not tuned (each moves the whole world's data).
     def reduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else _R.SUM
-        buffers = [_Buffer(t, "reduce") for t in tensors]
+        buffers = [_Buffer(t, "reduce", self.rank()) for t in tensors]
         pending, finish = self._all_reduce_buffers(buffers, op)
         return self._start(pending, buffers, tensors, finish)
 
@@ -395,7 +391,8 @@ class CyxwizProcessGroup(dist.ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         if output_split_sizes or input_split_sizes:
-            raise NotImplementedError("cyxwiz backend: all_to_all_single with split sizes is not supported yet")
+            raise NotImplementedError(f"cyxwiz backend, rank {self.rank()}: all_to_all_single with split sizes is not "
+                                      "supported yet; pass equal splits, or use backend=\"gloo\" for this call's group")
         world = self.size()
         everything = torch.empty((world,) + tuple(input.shape), dtype=input.dtype)
         pending, dst = self._gather_into(everything, input, "all_to_all_single")
@@ -408,13 +405,15 @@ class CyxwizProcessGroup(dist.ProcessGroup):
 
     alltoall_base = all_to_all_single
 
+    def _no_point_to_point(self):
+        return NotImplementedError(f"cyxwiz backend, rank {self.rank()}: send/recv are not supported yet; use the "
+                                   "collectives, or backend=\"gloo\" for point-to-point")
+
     def send(self, tensors, dst, tag=0):
-        raise NotImplementedError("cyxwiz backend: send/recv are not supported yet; use the collectives, or "
-                                  "backend=\"gloo\" for point-to-point")
+        raise self._no_point_to_point()
 
     def recv(self, tensors, src, tag=0):
-        raise NotImplementedError("cyxwiz backend: send/recv are not supported yet; use the collectives, or "
-                                  "backend=\"gloo\" for point-to-point")
+        raise self._no_point_to_point()
 
     def shutdown(self) -> None:
         self._completer.stop()

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from trainer_scripts import free_port
 
@@ -157,6 +158,21 @@ def test_collectives_through_torch_distributed_match_numpy(ranks, world_size):
     assert all(rep["checks"] > 20 for rep in reports)
 
 
+def run_on_both_backends(ranks, code, tmp_path, timeout):
+    """Runs `code` on 2 ranks with argv [backend, tmp_path/backend]: Gloo (the oracle), then "cyxwiz"."""
+    for backend in ("gloo", "cyxwiz"):
+        ranks.port = free_port()
+        path = ranks.script(code, f"{backend}_run.py")
+        procs = []
+        for r in range(2):
+            procs.append(subprocess.Popen([sys.executable, str(path), backend, str(tmp_path / backend)],
+                                          env=ranks.env(r, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True, cwd=tmp_path))
+            procs[-1].rank = r
+            ranks.procs.append(procs[-1])
+        results_of(ranks, ranks.wait(procs, timeout=timeout), 2, oracle=backend == "gloo")
+
+
 DDP = PRELUDE + r'''
 import torch.nn as nn
 backend = sys.argv[1]
@@ -185,21 +201,8 @@ print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
 def test_ddp_with_cyxwiz_ends_where_ddp_with_gloo_ends(ranks, tmp_path):
     """Same script, same seeds, 2 ranks: DDP with several gradient buckets over "cyxwiz" and over "gloo"
     end with the same parameters (float32 sums of two ranks are exact in either order)."""
-    import numpy as np
-    out = {}
-    for backend in ("gloo", "cyxwiz"):
-        ranks.port = free_port()
-        path = ranks.script(DDP, f"ddp_{backend}.py")
-        procs = []
-        for r in range(2):
-            env = ranks.env(r, 2)
-            procs.append(subprocess.Popen([sys.executable, str(path), backend, str(tmp_path / backend)], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          start_new_session=True, cwd=tmp_path))
-            procs[-1].rank = r
-            ranks.procs.append(procs[-1])
-        results_of(ranks, ranks.wait(procs, timeout=120), 2, oracle=backend == "gloo")
-        out[backend] = np.load(tmp_path / f"{backend}.0.npy")
+    run_on_both_backends(ranks, DDP, tmp_path, timeout=120)
+    out = {backend: np.load(tmp_path / f"{backend}.0.npy") for backend in ("gloo", "cyxwiz")}
     np.testing.assert_allclose(out["cyxwiz"], out["gloo"], rtol=1e-6, atol=1e-7)
 
 
@@ -350,17 +353,24 @@ print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
 def test_fsdp2_fully_shard_trains_as_with_gloo(ranks, tmp_path):
     """FSDP2 (fully_shard over a CPU DeviceMesh: all_gather_into_tensor and reduce_scatter_tensor on every
     layer), 2 ranks, 5 Adam steps: every rank's shards end bit-identical to the same run on Gloo."""
-    import numpy as np
-    for backend in ("gloo", "cyxwiz"):
-        ranks.port = free_port()
-        path = ranks.script(FSDP2, f"fsdp_{backend}.py")
-        procs = []
-        for r in range(2):
-            procs.append(subprocess.Popen([sys.executable, str(path), backend, str(tmp_path / backend)],
-                                          env=ranks.env(r, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          start_new_session=True, cwd=tmp_path))
-            procs[-1].rank = r
-            ranks.procs.append(procs[-1])
-        results_of(ranks, ranks.wait(procs, timeout=180), 2, oracle=backend == "gloo")
+    run_on_both_backends(ranks, FSDP2, tmp_path, timeout=180)
     for r in range(2):
         np.testing.assert_array_equal(np.load(tmp_path / f"cyxwiz.{r}.npy"), np.load(tmp_path / f"gloo.{r}.npy"))
+
+
+INIT_METHODS = PRELUDE + r'''
+dist.init_process_group("cyxwiz", init_method=os.environ["TEST_INIT_METHOD"], rank=RANK, world_size=WS)
+t = torch.full((3,), float(RANK + 1))
+dist.all_reduce(t)
+expect(torch.equal(t, torch.full((3,), float(sum(range(1, WS + 1))))), t)
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
+'''
+
+
+@pytest.mark.parametrize("method", ["tcp", "file"])
+def test_init_methods_tcp_and_file(ranks, tmp_path, method):
+    """init_method="tcp://..." and "file://...": the backend meets the others through whatever store
+    torch made from it."""
+    url = f"tcp://127.0.0.1:{free_port()}" if method == "tcp" else f"file://{tmp_path / 'rendezvous'}"
+    results_of(ranks, ranks.run(INIT_METHODS, 2, env={"TEST_INIT_METHOD": url}, timeout=60), 2)
