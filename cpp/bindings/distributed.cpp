@@ -23,6 +23,7 @@ using cyxwiz::bindings::inputTensor;
 using cyxwiz::bindings::newArray;
 using cyxwiz::bindings::PyWork;
 using cyxwiz::bindings::finish;
+using cyxwiz::bindings::finishRecv;
 using cyxwiz::bindings::released;
 
 namespace {
@@ -131,6 +132,10 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
         w.wait(std::nullopt);
         return w.result;
       }, "Wait, then return what the collective produces (all_gather: list of arrays; reduce_scatter: this rank's part).")
+      .def_property_readonly("source_rank", [](const PyWork& w) -> std::optional<int> {
+        int r = w.work->sourceRank();
+        return r < 0 ? std::nullopt : std::optional<int>(r);
+      }, "A completed recv: the rank whose message it took (None otherwise).")
       .def("__repr__", [](const PyWork& w) {
         return "<Work " + w.work->description() + (w.work->isCompleted() ? " completed>" : " pending>");
       });
@@ -195,6 +200,36 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
   d.def("barrier", [](bool async) {
     return finish(released([&] { return backend("barrier")->barrier(async); }), async, py::none());
   }, py::arg("async_op") = false, "Wait until every rank has called barrier().");
+
+  // The facade (distributed/__init__.py) shapes the arrays; `result` is what the call returns.
+  d.def("_gather", [](py::object array, py::object out, py::object result, int dst, bool async) {
+    Tensor in = inputTensor(array, "gather"), o = out.is_none() ? Tensor() : inplaceTensor(out, "gather");
+    return finish(released([&] { return backend("gather")->gather(in, o, dst, async); }), async, result);
+  }, py::arg("array"), py::arg("out"), py::arg("result"), py::arg("dst"), py::arg("async_op"));
+  d.def("_scatter", [](py::object array, py::object out, int src, bool async) {
+    Tensor in = array.is_none() ? Tensor() : inputTensor(array, "scatter"), o = inplaceTensor(out, "scatter");
+    return finish(released([&] { return backend("scatter")->scatter(in, o, src, async); }), async, py::none());
+  }, py::arg("array"), py::arg("out"), py::arg("src"), py::arg("async_op"));
+  d.def("_all_to_all", [](py::object array, py::object out, std::vector<int64_t> inCounts, std::vector<int64_t> outCounts,
+                          bool async) {
+    Tensor in = inputTensor(array, "all_to_all"), o = inplaceTensor(out, "all_to_all");
+    return finish(released([&] { return backend("all_to_all")->allToAll(in, o, inCounts, outCounts, async); }), async,
+                  py::none());
+  }, py::arg("array"), py::arg("out"), py::arg("in_counts"), py::arg("out_counts"), py::arg("async_op"));
+
+  d.def("send", [](py::object array, int dst, int64_t tag, bool async) {
+    Tensor t = inputTensor(array, "send");
+    return finish(released([&] { return backend("send")->send(t, dst, tag); }), async, py::none());
+  }, py::arg("array"), py::arg("dst"), py::arg("tag") = 0, py::arg("async_op") = false,
+     "Send `array` to rank `dst`; it matches that rank's recv with the same tag. Returns once the bytes "
+     "are on their way (the array may then change), or a Work with async_op=True.");
+
+  d.def("recv", [](py::object array, std::optional<int> src, int64_t tag, bool async) {
+    Tensor t = inplaceTensor(array, "recv");
+    return finishRecv(released([&] { return backend("recv")->recv(t, src.value_or(-1), tag); }), async);
+  }, py::arg("array"), py::arg("src") = py::none(), py::arg("tag") = 0, py::arg("async_op") = false,
+     "Receive into `array` (in place) the message rank `src` sent with this tag (src=None: whichever rank's "
+     "comes first). Returns the sender's rank, or a Work (its source_rank) with async_op=True.");
 
   init_ddp(d);
   init_trainer(d);

@@ -71,6 +71,31 @@ and calls served_on(port) before waiting for anyone; the other ranks are given t
       .def("barrier", [](CpuBackend& g, bool async) {
         return finish(released([&] { return g.barrier(async); }), async, py::none());
       }, py::arg("async_op") = false)
+      .def("gather", [](CpuBackend& g, py::object in, py::object out, int dst, bool async) {
+        Tensor i = inputTensor(in, "gather"), o = out.is_none() ? Tensor() : inplaceTensor(out, "gather");
+        return finish(released([&] { return g.gather(i, o, dst, async); }), async, py::none());
+      }, py::arg("array"), py::arg("out"), py::arg("dst") = 0, py::arg("async_op") = false,
+         "Every rank's array into `out` on rank `dst` (world_size x its elements, rank-major; None elsewhere).")
+      .def("scatter", [](CpuBackend& g, py::object in, py::object out, int src, bool async) {
+        Tensor i = in.is_none() ? Tensor() : inputTensor(in, "scatter"), o = inplaceTensor(out, "scatter");
+        return finish(released([&] { return g.scatter(i, o, src, async); }), async, py::none());
+      }, py::arg("array"), py::arg("out"), py::arg("src") = 0, py::arg("async_op") = false,
+         "Block r of `array` (on rank `src`: world_size x out's elements; None elsewhere) into rank r's `out`.")
+      .def("all_to_all", [](CpuBackend& g, py::object in, py::object out, std::vector<int64_t> inCounts,
+                            std::vector<int64_t> outCounts, bool async) {
+        Tensor i = inputTensor(in, "all_to_all"), o = inplaceTensor(out, "all_to_all");
+        return finish(released([&] { return g.allToAll(i, o, inCounts, outCounts, async); }), async, py::none());
+      }, py::arg("array"), py::arg("out"), py::arg("in_counts"), py::arg("out_counts"), py::arg("async_op") = false,
+         "in_counts[r] elements of `array` (in rank order) to rank r; out_counts[r] from rank r into `out`.")
+      .def("send", [](CpuBackend& g, py::object array, int dst, int64_t tag) {
+        Tensor t = inputTensor(array, "send");
+        return finish(released([&] { return g.send(t, dst, tag); }), true, py::none());
+      }, py::arg("array"), py::arg("dst"), py::arg("tag") = 0, "Start sending `array` to rank `dst`: a Work.")
+      .def("recv", [](CpuBackend& g, py::object array, int src, int64_t tag) {
+        Tensor t = inplaceTensor(array, "recv");
+        return finish(released([&] { return g.recv(t, src, tag); }), true, py::none());
+      }, py::arg("array"), py::arg("src"), py::arg("tag") = 0,
+         "Start receiving into `array` from rank `src` (-1: any rank): a Work; its source_rank once done.")
       .def("shutdown", [](CpuBackend& g) {
         BlockingCall unlocked;
         g.shutdown();

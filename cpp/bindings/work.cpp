@@ -40,4 +40,11 @@ py::object finish(std::shared_ptr<comm::Work> work, bool async, py::object resul
   return w.result;
 }
 
+py::object finishRecv(std::shared_ptr<comm::Work> work, bool async) {
+  if (async) return finish(std::move(work), true, py::none());
+  PyWork w{work, py::none()};
+  w.wait(std::nullopt);
+  return py::int_(work->sourceRank());
+}
+
 }  // namespace cyxwiz::bindings

@@ -27,6 +27,8 @@ struct PyWork {
 
 // async: the Work; else waits and returns `result`.
 py::object finish(std::shared_ptr<comm::Work> work, bool async, py::object result);
+// A recv: async, the Work (its source_rank says whose message it took); else waits and returns that rank.
+py::object finishRecv(std::shared_ptr<comm::Work> work, bool async);
 
 // One GIL release per call: the backend lookup (which may wait for init() on another thread) and
 // the collective run in the same released section.

@@ -8,7 +8,7 @@ Every torch process group (the default one and each ``new_group``) gets a commun
 through the store torch hands the backend: rank 0 serves the group's rendezvous on a free port and
 publishes it there with a fresh per-group secret, so no port beyond torch's own is configured.
 Collectives return at once; the ring thread runs them in call order, so DDP's bucket all-reduces
-overlap backward. Contiguous float32/float64/int32/int64 tensors are reduced in place without a copy;
+overlap backward. gather, scatter, all_to_all and send/recv travel over point-to-point links. Contiguous float32/float64/int32/int64 tensors are reduced in place without a copy;
 other dtypes and non-contiguous tensors go through a contiguous copy (16-bit floats reduced in
 float32). CUDA tensors are refused: use "nccl". See docs/pytorch.md.
 """
@@ -172,6 +172,11 @@ class _Work(dist._Work):
     def result(self):
         self.wait()
         return self._outputs
+
+    def _source_rank(self) -> int:
+        """A recv's sender (torch's dist.recv(src=None) asks), once it is done."""
+        self.wait()
+        return self._pending.source_rank if self._pending is not None else -1
 
 
 class DistTimeoutError(dist.DistBackendError, TimeoutError):
@@ -365,55 +370,83 @@ class CyxwizProcessGroup(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._start(_call(lambda: self._group.barrier(async_op=True)), [], [])
 
-    # Built from the ring's collectives: correct, not tuned (each moves the whole world's data).
+    # An all-reduce: the ring's bandwidth-optimal path; every rank gets the result, the root keeps it.
     def reduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else _R.SUM
         buffers = [_Buffer(t, "reduce", self.rank()) for t in tensors]
         pending, finish = self._all_reduce_buffers(buffers, op)
         return self._start(pending, buffers, tensors, finish)
 
+    # Over the point-to-point links: each rank's block goes straight to the one rank that needs it.
     def gather(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        outs = output_tensors[0] if self.rank() == root else [torch.empty_like(input_tensors[0])
-                                                               for _ in range(self.size())]
-        return self.allgather([outs], input_tensors, opts)
+        src = _Buffer(input_tensors[0], "gather", self.rank())
+        if self.rank() != root:
+            return self._start(_call(lambda: self._group.gather(src.array, None, root, async_op=True)), [], [])
+        flat = torch.empty((self.size(),) + tuple(src.view.shape), dtype=src.view.dtype)
+        pending = _call(lambda: self._group.gather(src.array, flat.numpy(), root, async_op=True))
+
+        def copy_out():
+            with torch.no_grad():
+                for r, o in enumerate(output_tensors[0]):
+                    o.copy_(flat[r].reshape(o.shape))
+        return self._start(pending, [], output_tensors, copy_out)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        out = output_tensors[0]
-        full = (torch.stack([t.reshape(out.shape) for t in input_tensors[0]]) if self.rank() == root
-                else torch.empty((self.size(),) + tuple(out.shape), dtype=out.dtype))
-        work = self.broadcast([full], _broadcast_options(root))
-        work.wait()
-        with torch.no_grad():
-            out.copy_(full[self.rank()])
-        return self._start(None, [], output_tensors)
+        dst = _Buffer(output_tensors[0], "scatter", self.rank())
+        full = None
+        if self.rank() == root:
+            full = torch.stack([t.reshape(dst.view.shape).to(dst.view.dtype) for t in input_tensors[0]]).numpy()
+        pending = _call(lambda: self._group.scatter(full, dst.array, root, async_op=True))
+        return self._start(pending, [dst], output_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        if output_split_sizes or input_split_sizes:
-            raise NotImplementedError(f"cyxwiz backend, rank {self.rank()}: all_to_all_single with split sizes is not "
-                                      "supported yet; pass equal splits, or use backend=\"gloo\" for this call's group")
-        world = self.size()
-        everything = torch.empty((world,) + tuple(input.shape), dtype=input.dtype)
-        pending, dst = self._gather_into(everything, input, "all_to_all_single")
-        self._start(pending, [dst], []).wait()
-        chunk = input.shape[0] // world
-        with torch.no_grad():
-            for r in range(world):
-                output[r * chunk:(r + 1) * chunk].copy_(everything[r][self.rank() * chunk:(self.rank() + 1) * chunk])
-        return self._start(None, [], [output])
+        src = _Buffer(input, "all_to_all_single", self.rank())
+        dst = _Buffer(output, "all_to_all_single", self.rank())
+        counts_in = self._split_counts(input, input_split_sizes, "input")
+        counts_out = self._split_counts(output, output_split_sizes, "output")
+        pending = _call(lambda: self._group.all_to_all(src.array.reshape(-1), dst.array.reshape(-1), counts_in,
+                                                       counts_out, async_op=True))
+        return self._start(pending, [dst], [output])
 
     alltoall_base = all_to_all_single
 
-    def _no_point_to_point(self):
-        return NotImplementedError(f"cyxwiz backend, rank {self.rank()}: send/recv are not supported yet; use the "
-                                   "collectives, or backend=\"gloo\" for point-to-point")
+    def _split_counts(self, t: torch.Tensor, splits, what: str) -> list:
+        """Elements per rank from torch's split sizes (rows of dim 0; empty: equal parts)."""
+        rows = t.shape[0] if t.dim() else 1
+        per_row = t.numel() // rows if rows else 0
+        if not splits:
+            if rows % self.size():
+                raise ValueError(f"cyxwiz backend, rank {self.rank()}: all_to_all_single: the {what} has {rows} rows, "
+                                 f"which do not split evenly over {self.size()} ranks; pass {what}_split_sizes")
+            splits = [rows // self.size()] * self.size()
+        return [int(n) * per_row for n in splits]
 
-    def send(self, tensors, dst, tag=0):
-        raise self._no_point_to_point()
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        src = _Buffer(torch.cat([t.reshape(-1) for t in input_tensors]), "all_to_all", self.rank())
+        out = torch.empty(sum(t.numel() for t in output_tensors), dtype=src.view.dtype)
+        counts_in = [t.numel() for t in input_tensors]
+        counts_out = [t.numel() for t in output_tensors]
+        pending = _call(lambda: self._group.all_to_all(src.array, out.numpy(), counts_in, counts_out, async_op=True))
 
-    def recv(self, tensors, src, tag=0):
-        raise self._no_point_to_point()
+        def copy_out():
+            with torch.no_grad():
+                for o, part in zip(output_tensors, out.split(counts_out)):
+                    o.copy_(part.reshape(o.shape))
+        return self._start(pending, [], output_tensors, copy_out)
+
+    # Point-to-point: eager sends (done once the bytes are on their way), recvs matched by source and tag.
+    def send(self, tensors, dstRank, tag=0):
+        b = _Buffer(tensors[0], "send", self.rank())
+        return self._start(_call(lambda: self._group.send(b.array, dstRank, tag)), [], tensors)
+
+    def recv(self, tensors, srcRank, tag=0):
+        b = _Buffer(tensors[0], "recv", self.rank())
+        return self._start(_call(lambda: self._group.recv(b.array, srcRank, tag)), [b], tensors)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self.recv(tensors, -1, tag)
 
     def shutdown(self) -> None:
         self._completer.stop()
@@ -427,12 +460,6 @@ def _is_async(opts) -> bool:
     """torch says whether the caller waits at once (async_op=False): then the collective runs on the
     calling thread, as cx.distributed's blocking calls do, without a hand-over to the ring's thread."""
     return bool(getattr(opts, "asyncOp", True)) if opts is not None else True
-
-
-def _broadcast_options(root: int):
-    o = dist.BroadcastOptions()
-    o.rootRank = root
-    return o
 
 
 def _create(store, rank, size, timeout):

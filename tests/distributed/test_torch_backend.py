@@ -137,6 +137,85 @@ print("RESULT " + json.dumps({"rank": RANK, "errors": errors, "checks": checks})
 '''
 
 
+P2P = PRELUDE + r'''
+checks = 0
+_expect = expect
+def expect(cond, msg):
+    global checks
+    checks += 1
+    _expect(cond, msg)
+dist.init_process_group("cyxwiz")
+right, left = (RANK + 1) % WS, (RANK - 1) % WS
+def data(src, dst, tag, n, dtype=torch.float32):
+    g = torch.Generator().manual_seed(src * 1000 + dst * 10 + tag)
+    return (torch.randn(n, generator=g) * 50).to(dtype)
+# Blocking send/recv around the ring, every rank sending first (4 MiB: more than the socket buffers).
+dist.send(data(RANK, right, 0, 1 << 20), dst=right)
+got = torch.empty(1 << 20)
+expect(dist.recv(got, src=left) == left and torch.equal(got, data(left, RANK, 0, 1 << 20)), "ring send/recv")
+# Tags out of order; 16-bit and byte dtypes; a non-contiguous receive buffer.
+for tag, dtype in ((5, torch.bfloat16), (3, torch.int8), (4, torch.float16)):
+    dist.send(data(RANK, right, tag, 64, dtype), dst=right, tag=tag)
+for tag, dtype in ((3, torch.int8), (4, torch.float16), (5, torch.bfloat16)):
+    buf = torch.empty(64, 2, dtype=dtype)[:, 0]
+    dist.recv(buf, src=left, tag=tag)
+    expect(torch.equal(buf, data(left, RANK, tag, 64, dtype)), f"tag {tag} {dtype}")
+# Any source: rank 0 hears from every other rank.
+if RANK == 0:
+    seen = set()
+    for _ in range(WS - 1):
+        buf = torch.empty(16)
+        src = dist.recv(buf, tag=9)
+        expect(torch.equal(buf, data(src, 0, 9, 16)), f"recv from any: rank {src}")
+        seen.add(src)
+    expect(seen == set(range(1, WS)), f"senders {seen}")
+else:
+    dist.send(data(RANK, 0, 9, 16), dst=0, tag=9)
+# isend/irecv and batch_isend_irecv both ways around the ring.
+rbuf, lbuf = torch.empty(1000), torch.empty(1000)
+ops = [dist.P2POp(dist.isend, data(RANK, right, 11, 1000), right), dist.P2POp(dist.irecv, lbuf, left)]
+if WS > 2:
+    ops += [dist.P2POp(dist.isend, data(RANK, left, 11, 1000), left), dist.P2POp(dist.irecv, rbuf, right)]
+for w in dist.batch_isend_irecv(ops):
+    w.wait()
+expect(torch.equal(lbuf, data(left, RANK, 11, 1000)), "batch_isend_irecv from the left")
+if WS > 2:
+    expect(torch.equal(rbuf, data(right, RANK, 11, 1000)), "batch_isend_irecv from the right")
+# all_to_all_single with uneven splits (rank s sends s + r + 1 rows of 3 to rank r), and the list form.
+rows = lambda s, r: s + r + 1
+inp = torch.cat([data(RANK, r, 12, rows(RANK, r) * 3).reshape(-1, 3) for r in range(WS)])
+out = torch.empty(sum(rows(s, RANK) for s in range(WS)), 3)
+dist.all_to_all_single(out, inp, [rows(s, RANK) for s in range(WS)], [rows(RANK, r) for r in range(WS)])
+want = torch.cat([data(s, RANK, 12, rows(s, RANK) * 3).reshape(-1, 3) for s in range(WS)])
+expect(torch.equal(out, want), "all_to_all_single with splits")
+outs = [torch.empty(rows(s, RANK), dtype=torch.int64) for s in range(WS)]
+dist.all_to_all(outs, [data(RANK, r, 13, rows(RANK, r), torch.int64) for r in range(WS)])
+expect(all(torch.equal(outs[s], data(s, RANK, 13, rows(s, RANK), torch.int64)) for s in range(WS)), "all_to_all lists")
+# gather to the last rank.
+g = [torch.empty(2, 2) for _ in range(WS)] if RANK == WS - 1 else None
+dist.gather(data(RANK, WS - 1, 14, 4).reshape(2, 2), g, dst=WS - 1)
+if RANK == WS - 1:
+    expect(all(torch.equal(g[s], data(s, WS - 1, 14, 4).reshape(2, 2)) for s in range(WS)), "gather to the last rank")
+try:
+    dist.send(torch.zeros(1), dst=RANK)
+    expect(False, "a send to this rank itself was accepted")
+except (ValueError, RuntimeError) as e:
+    expect("rank" in str(e), f"send to self: {e}")
+dist.barrier()
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors, "checks": checks}), flush=True)
+'''
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_point_to_point_and_all_to_all_through_torch_distributed(ranks, world_size):
+    """send/recv (tags, any source, 16-bit and byte dtypes, non-contiguous buffers), isend/irecv,
+    batch_isend_irecv, all_to_all_single with uneven splits, all_to_all of lists and gather, each
+    checked against the values the sender must have sent."""
+    reports = results_of(ranks, ranks.run(P2P, world_size, timeout=120), world_size)
+    assert all(rep["checks"] >= 8 for rep in reports)
+
+
 def results_of(ranks, results, world_size, oracle=False):
     # oracle: a Gloo run that only provides the expected values. Gloo itself sometimes aborts at exit
     # after a complete run ("terminate called without an active exception", 3 of 6 torchrun runs of

@@ -30,6 +30,14 @@ std::shared_ptr<Work> Backend::broadcast(const Tensor&, int, bool) { unsupported
 std::shared_ptr<Work> Backend::allGather(const Tensor&, const Tensor&, bool) { unsupported("all_gather"); }
 std::shared_ptr<Work> Backend::reduceScatter(const Tensor&, const Tensor&, ReduceOp, bool) { unsupported("reduce_scatter"); }
 std::shared_ptr<Work> Backend::barrier(bool) { unsupported("barrier"); }
+std::shared_ptr<Work> Backend::gather(const Tensor&, const Tensor&, int, bool) { unsupported("gather"); }
+std::shared_ptr<Work> Backend::scatter(const Tensor&, const Tensor&, int, bool) { unsupported("scatter"); }
+std::shared_ptr<Work> Backend::allToAll(const Tensor&, const Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                        bool) {
+  unsupported("all_to_all");
+}
+std::shared_ptr<Work> Backend::send(const Tensor&, int, int64_t) { unsupported("send"); }
+std::shared_ptr<Work> Backend::recv(const Tensor&, int, int64_t) { unsupported("recv"); }
 
 CallSignature callSignature(Collective c, const Tensor& t, ReduceOp op, int root) {
   CallSignature s;

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cyxwiz/comm/config.h"
 #include "cyxwiz/comm/types.h"
@@ -44,6 +45,19 @@ class Backend {
   // out: this rank's part of the reduced input (parts as numpy.array_split makes them).
   virtual std::shared_ptr<Work> reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async);
   virtual std::shared_ptr<Work> barrier(bool async);
+  // out (on `dst` only; undefined elsewhere): worldSize x in.numel() elements, rank r's at block r.
+  virtual std::shared_ptr<Work> gather(const Tensor& in, const Tensor& out, int dst, bool async);
+  // in (on `src` only): worldSize x out.numel() elements; rank r gets block r into `out`.
+  virtual std::shared_ptr<Work> scatter(const Tensor& in, const Tensor& out, int src, bool async);
+  // Block r of `in` (inCounts[r] elements, in rank order) goes to rank r, which puts it at block
+  // (this rank) of its `out` (outCounts elements per source rank).
+  virtual std::shared_ptr<Work> allToAll(const Tensor& in, const Tensor& out, const std::vector<int64_t>& inCounts,
+                                         const std::vector<int64_t>& outCounts, bool async);
+  // Point-to-point, between this rank and one other only; always asynchronous (wait on the Work).
+  // Messages from one rank with one tag arrive in the order they were sent.
+  virtual std::shared_ptr<Work> send(const Tensor& data, int dst, int64_t tag);
+  // src -1: from whichever rank sends first (Work::sourceRank() then says which).
+  virtual std::shared_ptr<Work> recv(const Tensor& data, int src, int64_t tag);
   // Waits for queued work, says goodbye to the job, closes connections. Idempotent.
   virtual void shutdown() = 0;
 

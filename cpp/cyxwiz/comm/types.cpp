@@ -22,6 +22,11 @@ const char* collectiveName(Collective c) {
     case Collective::AllGather: return "all_gather";
     case Collective::ReduceScatter: return "reduce_scatter";
     case Collective::Barrier: return "barrier";
+    case Collective::Send: return "send";
+    case Collective::Recv: return "recv";
+    case Collective::Gather: return "gather";
+    case Collective::Scatter: return "scatter";
+    case Collective::AllToAll: return "all_to_all";
   }
   return "unknown collective";
 }
@@ -29,9 +34,14 @@ const char* collectiveName(Collective c) {
 std::string CallSignature::describe() const {
   std::string s = makeString(collectiveName(collective), " #", sequence);
   if (collective == Collective::Barrier) return s;
+  if (collective == Collective::Send) s += makeString(" to rank ", root);
+  if (collective == Collective::Recv) s += root == kAnySource ? std::string(" from any rank") : makeString(" from rank ", root);
+  if (collective == Collective::AllToAll) return s + makeString(" (", dtypeName(dtype), ")");  // counts differ by rank
   s += makeString(" (", dtypeName(dtype), ", ", count, count == 1 ? " element" : " elements");
   if (collective == Collective::AllReduce || collective == Collective::ReduceScatter) s += makeString(", ", reduceOpName(op));
-  if (collective == Collective::Broadcast) s += makeString(", src ", root);
+  if (collective == Collective::Broadcast || collective == Collective::Scatter) s += makeString(", src ", root);
+  if (collective == Collective::Gather) s += makeString(", dst ", root);
+  if (collective == Collective::Send || collective == Collective::Recv) s += makeString(", tag ", tag);
   return s + ")";
 }
 

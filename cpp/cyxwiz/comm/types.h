@@ -10,7 +10,16 @@
 namespace cyxwiz::comm {
 
 enum class ReduceOp : uint8_t { Sum = 0, Avg = 1, Max = 2, Min = 3, Product = 4 };
-enum class Collective : uint8_t { AllReduce = 1, Broadcast = 2, AllGather = 3, ReduceScatter = 4, Barrier = 5 };
+enum class Collective : uint8_t {
+  AllReduce = 1, Broadcast = 2, AllGather = 3, ReduceScatter = 4, Barrier = 5,
+  // Point-to-point (not collectives: only the two ranks take part; numbered on their own).
+  Send = 6, Recv = 7,
+  // Collectives whose messages travel over point-to-point links (cpu/peer_collectives.cpp).
+  Gather = 8, Scatter = 9, AllToAll = 10
+};
+
+// The peer of a recv that takes a message from whichever rank sends first.
+constexpr uint32_t kAnySource = 0xffffffffu;
 
 const char* reduceOpName(ReduceOp op);
 const char* collectiveName(Collective c);
@@ -21,7 +30,8 @@ struct CallSignature {
   ReduceOp op = ReduceOp::Sum;
   DType dtype = DType::Float32;
   uint64_t count = 0;    // elements this rank contributes
-  uint32_t root = 0;     // broadcast source; 0 otherwise
+  uint32_t root = 0;     // broadcast source; the peer of a send/recv (kAnySource); 0 otherwise
+  int64_t tag = 0;       // send/recv only (not on the wire of a collective)
   uint64_t sequence = 0; // position in this rank's issue order, from 1
 
   bool operator==(const CallSignature& o) const {

@@ -1,6 +1,7 @@
 // Work: the handle of one collective. The communication thread finishes it; callers wait on it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -28,6 +29,9 @@ class Work {
   bool waitFor(std::chrono::milliseconds timeout);
   std::string description() const;
   const CallSignature& call() const { return call_; }
+  // The rank a finished recv's message came from (-1 for every other kind of work).
+  int sourceRank() const { return sourceRank_.load(); }
+  void setSourceRank(int rank) { sourceRank_.store(rank); }
 
   // Called once, by the thread that ran the collective.
   void finish(std::exception_ptr error = nullptr);
@@ -46,6 +50,7 @@ class Work {
   bool completed_ = false;
   std::exception_ptr error_;
   Poller poller_;
+  std::atomic<int> sourceRank_{-1};
   // Asks the poller (if any, and not yet completed), finishing the work when it reports done or fails.
   void poll(bool block);
 };

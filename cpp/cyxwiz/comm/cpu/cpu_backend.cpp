@@ -38,11 +38,6 @@ std::string messageOf(std::exception_ptr e) {
   }
 }
 
-void requireCpu(const Tensor& t, const char* what) {
-  CYX_CHECK(t.defined(), what, ": no array given");
-  CYX_CHECK(t.device().type == DeviceType::CPU, what, ": the cpu backend needs host memory");
-}
-
 }  // namespace
 
 namespace {
@@ -75,6 +70,11 @@ std::string publishedIp(const DistributedConfig& config, const std::string& viaM
 
 }  // namespace
 
+void CpuBackend::requireCpu(const Tensor& t, const char* what) {
+  CYX_CHECK(t.defined(), what, ": no array given");
+  CYX_CHECK(t.device().type == DeviceType::CPU, what, ": the cpu backend needs host memory");
+}
+
 CpuBackend::CpuBackend(const DistributedConfig& config, const std::function<void(int)>& servedOn)
     : Backend(config), spin_(spinBudget(config)) {
   if (config.worldSize > 1) {
@@ -93,6 +93,7 @@ CpuBackend::CpuBackend(const DistributedConfig& config, const std::function<void
       left_ = std::move(links.left);
       right_ = std::move(links.right);
       partners_ = std::move(links.partners);
+      p2p_ = std::make_unique<PointToPoint>(config_, std::move(links.gate), std::move(links.addresses));
       left_.socket.setLiveness(config.timeoutMs);
       right_.socket.setLiveness(config.timeoutMs);
       for (Pair& p : partners_) p.socket.setLiveness(config.timeoutMs);
@@ -243,6 +244,8 @@ void CpuBackend::shutdown() {
       inFlight = !changed_.wait_for(lock, std::chrono::seconds(5), [this] { return !busy_; });
     }
   }
+  // Sends still queued get the timeout to leave; recvs still waiting fail.
+  if (p2p_) p2p_->shutdown(deadlineAfterMs(config_.timeoutMs));
   if (inFlight) {
     // Still inside after 5 s: leave its sockets (and the monitor) to it; they close with the backend.
     logWarning("finalize: a collective on another thread has not returned; its connections close when it does");

@@ -3,6 +3,8 @@
 // Construction is the rendezvous: rank 0 serves the store and the job monitor on MASTER_PORT,
 // every rank connects to it, the ranks open their ring links, and a barrier proves the ring works.
 //
+// send/recv go their own way (p2p.h): links of their own, dialed on first use, and their own thread.
+//
 // Collectives run in issue order, one at a time, on a communication thread (async calls) or on the
 // caller's thread when nothing is queued (blocking calls: no thread hand-off on the latency path).
 // Each is bounded by the configured timeout. The first error breaks the backend: it is reported to
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "cyxwiz/comm/backend.h"
+#include "cyxwiz/comm/cpu/p2p.h"
 #include "cyxwiz/comm/cpu/pair.h"
 #include "cyxwiz/comm/cpu/staging.h"
 #include "cyxwiz/comm/monitor.h"
@@ -43,6 +46,13 @@ class CpuBackend final : public Backend {
   std::shared_ptr<Work> allGather(const Tensor& in, const Tensor& out, bool async) override;
   std::shared_ptr<Work> reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;
   std::shared_ptr<Work> barrier(bool async) override;
+  // Over the point-to-point links, in issue order with the ring's collectives (peer_collectives.cpp).
+  std::shared_ptr<Work> gather(const Tensor& in, const Tensor& out, int dst, bool async) override;
+  std::shared_ptr<Work> scatter(const Tensor& in, const Tensor& out, int src, bool async) override;
+  std::shared_ptr<Work> allToAll(const Tensor& in, const Tensor& out, const std::vector<int64_t>& inCounts,
+                                 const std::vector<int64_t>& outCounts, bool async) override;
+  std::shared_ptr<Work> send(const Tensor& data, int dst, int64_t tag) override;
+  std::shared_ptr<Work> recv(const Tensor& data, int src, int64_t tag) override;
   void shutdown() override;
 
  private:
@@ -63,6 +73,10 @@ class CpuBackend final : public Backend {
   void runLocked(std::unique_lock<std::mutex>& lock, Task& task, bool onCaller);
   void workerLoop();
   void closeLinks();
+  static void requireCpu(const Tensor& t, const char* what);
+  std::shared_ptr<Work> pointToPoint(Collective kind, const Tensor& data, int peer, int64_t tag);
+  // A host tensor and a peer that is another rank of this world (or -1: any, where allowed).
+  void checkPeer(const char* what, const Tensor& data, int peer, bool anySource);
   [[noreturn]] void failRendezvous(std::exception_ptr error);
 
   std::unique_ptr<StoreServer> server_;  // rank 0 only
@@ -70,6 +84,8 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Monitor> monitor_;
   Pair left_, right_;
   std::vector<Pair> partners_;  // recursive-doubling links (power-of-two worlds of 4+)
+  std::unique_ptr<PointToPoint> p2p_;  // send/recv; absent in a world of one
+  std::atomic<uint64_t> p2pSequence_{0};
   std::vector<uint8_t> scratch_;  // receive and gather space, kept between calls
   PinnedStaging staging_;
   std::chrono::microseconds spin_;  // for blocking calls on the caller's thread

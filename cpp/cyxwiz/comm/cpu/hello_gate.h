@@ -46,6 +46,7 @@ class HelloGate {
   // Milliseconds until the oldest hello's deadline (for the poll timeout); -1 when none waits.
   int msUntilNextDeadline() const;
   int port() const { return listener_.localPort(); }
+  void setWhere(std::string where) { where_ = std::move(where); }
   void close();
 
  private:

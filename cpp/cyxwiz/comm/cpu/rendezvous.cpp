@@ -148,8 +148,8 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
     throw NetworkError(makeString(rankPrefix(), "init: cannot open a listening socket on ", localIp, ": ", errnoString(err)));
   }
   const std::string published = makeString(localIp, ":", listener.localPort());
-  HelloGate gate(std::move(listener), jobIdentityOf(config), true, std::min<int64_t>(config.timeoutMs, kRingHelloTimeoutMs),
-                 "init: ring port");
+  auto gate = std::make_unique<HelloGate>(std::move(listener), jobIdentityOf(config), true,
+                                          std::min<int64_t>(config.timeoutMs, kRingHelloTimeoutMs), "init: ring port");
   store.set(addressKey(rank), published, deadline);
 
   std::vector<std::string> keys;
@@ -178,8 +178,10 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
       throw NetworkError(makeString(rankPrefix(), "init: ", dialed.back().pair.name(), " closed this rank's link: ", st.describe()));
     }
   }
-  std::map<int, Pair> accepted = handshakeLinks(config, gate, dialed, published, accept, deadline);
+  std::map<int, Pair> accepted = handshakeLinks(config, *gate, dialed, published, accept, deadline);
   RingLinks links;
+  for (int r = 0; r < n; ++r) links.addresses.push_back(r == rank ? published : store.get(addressKey(r), deadline));
+  links.gate = std::move(gate);
   links.right = std::move(dialed[0].pair);
   links.left = std::move(accepted[leftRank]);
   for (int p : butterflyPartners(rank, n)) {

@@ -5,9 +5,12 @@
 // waits on a circle of others, and strangers on the port wait beside the real ranks (HelloGate).
 #pragma once
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "cyxwiz/comm/config.h"
+#include "cyxwiz/comm/cpu/hello_gate.h"
 #include "cyxwiz/comm/cpu/pair.h"
 #include "cyxwiz/comm/store.h"
 
@@ -19,6 +22,9 @@ struct RingLinks {
   // In power-of-two worlds of 4 or more: links to rank r XOR 2, r XOR 4, ... (r XOR 1 is a ring
   // neighbour), for recursive doubling of small messages: log2(N) rounds instead of N-1.
   std::vector<Pair> partners;
+  // This rank's ring port, still open: point-to-point senders dial it after init (p2p.h).
+  std::unique_ptr<HelloGate> gate;
+  std::vector<std::string> addresses;  // every rank's published "ip:port", by rank
 };
 
 // Rank r XOR 2^k for k >= 1, in order; empty unless worldSize is a power of two >= 4.

@@ -39,6 +39,10 @@ class Ring {
   // Rank r gets part r of the reduced input, parts split as numpy.array_split splits.
   void reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
   void barrier();
+  // One step that carries only the headers: every rank's call is checked against its left
+  // neighbour's, so the whole ring agrees (collectives whose data travels elsewhere).
+  void checkCalls();
+  const CallSignature& call() const { return call_; }
 
   // First element of part i when `count` elements are split in `parts` (numpy.array_split).
   static size_t partBegin(size_t count, int parts, int i);

@@ -317,4 +317,15 @@ IoStatus Socket::recvSome(void* data, size_t n) const {
   }
 }
 
+IoStatus Socket::sendSome(const void* data, size_t n) const {
+  for (;;) {
+    ssize_t k = ::send(fd_, data, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (k >= 0) return {IoStatus::Ok, 0, static_cast<size_t>(k)};
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return {IoStatus::Ok, 0, 0};
+    if (errno == EPIPE || errno == ECONNRESET) return {IoStatus::Closed, errno, 0};
+    return {IoStatus::Failed, errno, 0};
+  }
+}
+
 }  // namespace cyxwiz::comm

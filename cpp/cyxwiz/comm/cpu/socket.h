@@ -73,6 +73,8 @@ class Socket {
   IoStatus recvAll(void* data, size_t n, Deadline deadline) const;
   // Reads whatever is there (up to n) without waiting; 0 bytes + Ok when nothing is pending.
   IoStatus recvSome(void* data, size_t n) const;
+  // Writes what the kernel takes now (up to n) without waiting; 0 bytes + Ok when it takes nothing.
+  IoStatus sendSome(const void* data, size_t n) const;
 
  private:
   int fd_ = -1;

@@ -90,6 +90,20 @@ Frame decodeFrame(const uint8_t in[kFrameBytes]) {
   return f;
 }
 
+void encodePeer(const PeerHeader& h, uint8_t out[kPeerHeaderBytes]) {
+  std::memset(out, 0, kPeerHeaderBytes);
+  put<uint32_t>(out, 0, kPeerMagic);
+  put<int64_t>(out, 8, h.tag);
+  put<uint64_t>(out, 16, h.bytes);
+}
+
+bool decodePeer(const uint8_t in[kPeerHeaderBytes], PeerHeader* h) {
+  if (get<uint32_t>(in, 0) != kPeerMagic) return false;
+  h->tag = get<int64_t>(in, 8);
+  h->bytes = get<uint64_t>(in, 16);
+  return true;
+}
+
 uint64_t hashJobId(const std::string& jobId) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char ch : jobId) {

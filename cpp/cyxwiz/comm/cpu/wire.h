@@ -4,6 +4,7 @@
 //   HelloReply  the acceptor's answer: 0 = welcome, else a reason to go away
 //   CallHeader  first 32 bytes of every collective on a ring link: what the sender is running
 //   StoreFrame  16-byte header of a store request, a store reply, or a monitor notice
+//   PeerHeader  first 24 bytes of every point-to-point message: its tag and length
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,8 @@ constexpr uint32_t kCallMagic = 0x4c435843;  // "CXCL"
 constexpr size_t kHelloBytes = 40;
 constexpr size_t kCallHeaderBytes = 32;
 constexpr size_t kFrameBytes = 16;
+constexpr uint32_t kPeerMagic = 0x4d505843;  // "CXPM"
+constexpr size_t kPeerHeaderBytes = 24;
 constexpr size_t kMaxReasonBytes = 4096;
 // Caps on lengths a rank reads from rank 0 before it allocates. A pycyxwiz master never sends more
 // (the store refuses larger values, an error reply is a reason, a notice is one rank's message plus
@@ -50,6 +53,15 @@ bool decodeHello(const uint8_t in[kHelloBytes], Hello* h);
 void encodeCall(const CallSignature& c, uint8_t out[kCallHeaderBytes]);
 // False on a wrong magic: the byte stream is out of step (a bug, or a peer from another version).
 bool decodeCall(const uint8_t in[kCallHeaderBytes], CallSignature* c);
+
+// A point-to-point message (p2p.h) on a link from its sender; `bytes` of payload follow.
+struct PeerHeader {
+  int64_t tag = 0;
+  uint64_t bytes = 0;
+};
+void encodePeer(const PeerHeader& h, uint8_t out[kPeerHeaderBytes]);
+// False on a wrong magic: the peer is not a pycyxwiz rank, or the stream is out of step.
+bool decodePeer(const uint8_t in[kPeerHeaderBytes], PeerHeader* h);
 
 enum class StoreOp : uint8_t {
   Set = 1,      // key, value -> ok
