@@ -16,7 +16,7 @@ namespace {
 // The ABI of dlpack.h (v0.8 and 1.0, unversioned tensor), declared here rather than vendored: these
 // few structs are the stable part of the standard.
 enum DLDeviceType : int32_t { kDLCPU = 1, kDLCUDA = 2 };
-enum DLDataTypeCode : uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2 };
+enum DLDataTypeCode : uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
 struct DLDevice {
   int32_t device_type;
   int32_t device_id;
@@ -52,6 +52,12 @@ DLDataType dlType(DType dtype) {
     case DType::Float64: return {kDLFloat, 64, 1};
     case DType::Int32: return {kDLInt, 32, 1};
     case DType::Int64: return {kDLInt, 64, 1};
+    case DType::Float16: return {kDLFloat, 16, 1};
+    case DType::BFloat16: return {kDLBfloat, 16, 1};
+    case DType::Int8: return {kDLInt, 8, 1};
+    case DType::UInt8: return {kDLUInt, 8, 1};
+    case DType::Int16: return {kDLInt, 16, 1};
+    case DType::Bool: return {kDLBool, 8, 1};
   }
   throw Error("DLPack: unknown dtype");
 }

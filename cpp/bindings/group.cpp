@@ -16,6 +16,7 @@ namespace py = pybind11;
 using namespace cyxwiz;
 using namespace cyxwiz::comm;
 using cyxwiz::bindings::BlockingCall;
+using cyxwiz::bindings::dtypeOverride;
 using cyxwiz::bindings::finish;
 using cyxwiz::bindings::inplaceTensor;
 using cyxwiz::bindings::inputTensor;
@@ -46,28 +47,35 @@ void init_group(py::module_& d) {
   py::class_<CpuBackend, std::shared_ptr<CpuBackend>>(d, "_Group", R"doc(A CPU process group of its own (pycyxwiz.torch).
 
 _Group(config, served_on=None): config.master_port 0 on rank 0 serves the rendezvous on a free port
-and calls served_on(port) before waiting for anyone; the other ranks are given that port.)doc")
+and calls served_on(port) before waiting for anyone; the other ranks are given that port.
+
+Arrays: numpy float32, float64, float16, int64, int32, int16, int8, uint8 or bool, used in place.
+dtype="bfloat16" (numpy has none): the arrays hold bfloat16 bits as int16 or uint16 (from torch:
+t.view(torch.int16).numpy()). float16 and bfloat16 are combined in float32 and rounded back at every
+step of the ring (as Gloo does), so an N-rank SUM rounds N-1 times.)doc")
       .def(py::init(&makeGroup), py::arg("config"), py::arg("served_on") = py::none())
       .def_property_readonly("rank", &CpuBackend::rank)
       .def_property_readonly("world_size", &CpuBackend::worldSize)
-      .def("all_reduce", [](CpuBackend& g, py::object array, ReduceOp op, bool async) {
-        Tensor t = inplaceTensor(array, "all_reduce");
+      .def("all_reduce", [](CpuBackend& g, py::object array, ReduceOp op, bool async, py::object dtype) {
+        Tensor t = inplaceTensor(array, "all_reduce", dtypeOverride(dtype, "all_reduce"));
         return finish(released([&] { return g.allReduce(t, op, async); }), async, py::none());
-      }, py::arg("array"), py::arg("op") = ReduceOp::Sum, py::arg("async_op") = false)
-      .def("broadcast", [](CpuBackend& g, py::object array, int src, bool async) {
-        Tensor t = inplaceTensor(array, "broadcast");
+      }, py::arg("array"), py::arg("op") = ReduceOp::Sum, py::arg("async_op") = false, py::arg("dtype") = py::none())
+      .def("broadcast", [](CpuBackend& g, py::object array, int src, bool async, py::object dtype) {
+        Tensor t = inplaceTensor(array, "broadcast", dtypeOverride(dtype, "broadcast"));
         return finish(released([&] { return g.broadcast(t, src, async); }), async, py::none());
-      }, py::arg("array"), py::arg("src") = 0, py::arg("async_op") = false)
-      .def("all_gather", [](CpuBackend& g, py::object in, py::object out, bool async) {
-        Tensor i = inputTensor(in, "all_gather"), o = inplaceTensor(out, "all_gather");
+      }, py::arg("array"), py::arg("src") = 0, py::arg("async_op") = false, py::arg("dtype") = py::none())
+      .def("all_gather", [](CpuBackend& g, py::object in, py::object out, bool async, py::object dtype) {
+        const auto as = dtypeOverride(dtype, "all_gather");
+        Tensor i = inputTensor(in, "all_gather", as), o = inplaceTensor(out, "all_gather", as);
         return finish(released([&] { return g.allGather(i, o, async); }), async, py::none());
-      }, py::arg("array"), py::arg("out"), py::arg("async_op") = false,
+      }, py::arg("array"), py::arg("out"), py::arg("async_op") = false, py::arg("dtype") = py::none(),
          "Every rank's array into `out` (world_size x its elements, rank-major).")
-      .def("reduce_scatter", [](CpuBackend& g, py::object in, py::object out, ReduceOp op, bool async) {
-        Tensor i = inputTensor(in, "reduce_scatter"), o = inplaceTensor(out, "reduce_scatter");
+      .def("reduce_scatter", [](CpuBackend& g, py::object in, py::object out, ReduceOp op, bool async, py::object dtype) {
+        const auto as = dtypeOverride(dtype, "reduce_scatter");
+        Tensor i = inputTensor(in, "reduce_scatter", as), o = inplaceTensor(out, "reduce_scatter", as);
         return finish(released([&] { return g.reduceScatter(i, o, op, async); }), async, py::none());
       }, py::arg("array"), py::arg("out"), py::arg("op") = ReduceOp::Sum, py::arg("async_op") = false,
-         "This rank's part of the combined array into `out` (numpy.array_split's parts).")
+         py::arg("dtype") = py::none(), "This rank's part of the combined array into `out` (numpy.array_split's parts).")
       .def("barrier", [](CpuBackend& g, bool async) {
         return finish(released([&] { return g.barrier(async); }), async, py::none());
       }, py::arg("async_op") = false)

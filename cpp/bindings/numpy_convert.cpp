@@ -36,6 +36,16 @@ py::array asNumericArray(py::handle obj, const char* what) {
   return arr;
 }
 
+// A numpy view of a host tensor for the float32/label conversions. Its bfloat16 view would be raw
+// bits (uint16), which those conversions would read as integers: refused instead.
+py::object numericView(const Tensor& t, const char* what) {
+  if (t.dtype() == DType::BFloat16) {
+    throw TypeMismatch(makeString(what, ": the model computes in float32 and takes float32, float64 or integer arrays; "
+                                  "got a bfloat16 tensor: convert it to float32 first"));
+  }
+  return toNumpy(t);
+}
+
 }  // namespace
 
 bool isCudaArray(py::handle obj);
@@ -50,7 +60,7 @@ Tensor floatTensor(py::handle obj, const char* what) {
   if (py::isinstance<Tensor>(obj)) {
     Tensor t = obj.cast<Tensor>();
     if (t.dtype() == DType::Float32) return t;
-    view = toNumpy(t);
+    view = numericView(t, what);
     obj = view;
   }
   py::array arr = asNumericArray(obj, what);
@@ -69,7 +79,7 @@ Tensor targetTensor(py::handle obj, const char* what) {
     if ((t.dim() == 1 && t.dtype() == DType::Int64) || (t.dim() != 1 && t.dtype() == DType::Float32)) return t;
   }
   if (py::isinstance<Tensor>(obj)) {
-    view = toNumpy(obj.cast<Tensor>());
+    view = numericView(obj.cast<Tensor>(), what);
     obj = view;
   }
   py::array arr = asNumericArray(obj, what);
@@ -115,20 +125,49 @@ std::optional<DType> collectiveDType(const py::dtype& dt) {
   if (kind == 'f' && size == 8) return DType::Float64;
   if (kind == 'i' && size == 4) return DType::Int32;
   if (kind == 'i' && size == 8) return DType::Int64;
+  if (kind == 'f' && size == 2) return DType::Float16;
+  if (kind == 'i' && size == 1) return DType::Int8;
+  if (kind == 'u' && size == 1) return DType::UInt8;
+  if (kind == 'i' && size == 2) return DType::Int16;
+  if (kind == 'b' && size == 1) return DType::Bool;
   return std::nullopt;
 }
 
-py::array collectiveArray(py::handle obj, const char* what) {
+// What cx.Tensor(array) keeps as it is; other numeric arrays become float32 (the engine's type).
+std::optional<DType> engineDType(const py::dtype& dt) {
+  std::optional<DType> d = collectiveDType(dt);
+  if (d == DType::Float32 || d == DType::Float64 || d == DType::Int32 || d == DType::Int64) return d;
+  return std::nullopt;
+}
+
+std::string typeName(py::handle obj) { return py::str(py::type::of(obj).attr("__name__")); }
+
+// A collective's array and the dtype it carries: its own, or `as` (dtype="bfloat16": the raw bits
+// in an array of 2-byte integers, as numpy has no bfloat16).
+std::pair<py::array, DType> collectiveArray(py::handle obj, const char* what, std::optional<DType> as) {
   if (!py::isinstance<py::array>(obj)) {
-    throw TypeMismatch(makeString(what, ": expected a numpy array, got ", std::string(py::str(py::type::of(obj).attr("__name__"))),
-                                  "; pass numpy.asarray(x, dtype=numpy.float32)"));
+    if (as) {
+      throw TypeMismatch(makeString(what, ": dtype=\"", dtypeName(*as), "\" takes a numpy array of its bits (int16 or "
+                                    "uint16; from torch: t.view(torch.int16).numpy()), got ", typeName(obj)));
+    }
+    throw TypeMismatch(makeString(what, ": expected a numpy array, got ", typeName(obj), "; pass numpy.asarray(x, dtype=numpy.float32)"));
   }
   py::array arr = py::reinterpret_borrow<py::array>(obj);
-  if (!collectiveDType(arr.dtype())) {
-    throw TypeMismatch(makeString(what, ": dtype ", std::string(py::str(arr.dtype())),
-                                  " is not supported: use float32, float64, int32 or int64 (x.astype(numpy.float32))"));
+  if (as) {
+    const char kind = arr.dtype().kind();
+    if ((kind != 'i' && kind != 'u') || static_cast<size_t>(arr.itemsize()) != itemSize(*as) ||
+        !arr.dtype().attr("isnative").cast<bool>()) {
+      throw TypeMismatch(makeString(what, ": dtype=\"", dtypeName(*as), "\" takes an array of its bits in int16 or uint16 "
+                                    "(from torch: t.view(torch.int16).numpy()), got dtype ", std::string(py::str(arr.dtype()))));
+    }
+    return {arr, *as};
   }
-  return arr;
+  std::optional<DType> dtype = collectiveDType(arr.dtype());
+  if (!dtype) {
+    throw TypeMismatch(makeString(what, ": dtype ", std::string(py::str(arr.dtype())), " is not supported: use float32, "
+                                  "float64, float16, int64, int32, int16, int8, uint8 or bool (x.astype(numpy.float32))"));
+  }
+  return {arr, *dtype};
 }
 
 }  // namespace
@@ -137,47 +176,63 @@ Tensor fromNumpyAnyDtype(py::handle obj, const char* what) {
   py::array arr = asNumericArray(obj, what);
   // A Tensor hands out writable views, so read-only memory (bytes, frozen arrays) is copied first.
   if (!arr.writeable()) arr = py::array::ensure(py::module_::import("numpy").attr("array")(arr));
-  switch (collectiveDType(arr.dtype()).value_or(DType::Float32)) {
+  switch (engineDType(arr.dtype()).value_or(DType::Float32)) {
     case DType::Float64: return wrap(py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(arr));
     case DType::Int32: return wrap(py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(arr));
     case DType::Int64: return wrap(py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr));
-    case DType::Float32: break;
+    default: break;  // float32, and every other numeric dtype converted to it
   }
   return floatTensor(arr, what);
 }
 
 
-Tensor inplaceTensor(py::handle obj, const char* what) {
-  if (py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();
-  if (isCudaArray(obj)) return cudaArrayTensor(obj, what);
-  py::array arr = collectiveArray(obj, what);
+std::optional<DType> dtypeOverride(py::handle dtype, const char* what) {
+  if (dtype.is_none()) return std::nullopt;
+  if (py::isinstance<py::str>(dtype) && dtype.cast<std::string>() == "bfloat16") return DType::BFloat16;
+  throw InvalidArgument(makeString(what, ": dtype=", std::string(py::repr(dtype)), " is not supported: dtype=\"bfloat16\" "
+                                   "(an int16/uint16 array of bfloat16 bits) or None (the array's own dtype)"));
+}
+
+Tensor inplaceTensor(py::handle obj, const char* what, std::optional<DType> as) {
+  if (!as && py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();
+  if (!as && isCudaArray(obj)) return cudaArrayTensor(obj, what);
+  auto [arr, dtype] = collectiveArray(obj, what, as);
   if (!(arr.flags() & py::array::c_style)) {
     throw InvalidArgument(makeString(what, ": the array is not C-contiguous, so it cannot be updated in place: use "
                                      "a = numpy.ascontiguousarray(a), then copy the result back if needed"));
   }
   if (!arr.writeable()) throw InvalidArgument(makeString(what, ": the array is read-only; pass a writable copy (a.copy())"));
   Shape shape = shapeOf(arr);
-  return Tensor::fromExternal(arr.mutable_data(), shape, *collectiveDType(arr.dtype()), pythonOwner(arr));
+  return Tensor::fromExternal(arr.mutable_data(), shape, dtype, pythonOwner(arr));
 }
 
-Tensor inputTensor(py::handle obj, const char* what) {
-  if (py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();
-  if (isCudaArray(obj)) return cudaArrayTensor(obj, what);
-  py::array arr = collectiveArray(obj, what);
+Tensor inputTensor(py::handle obj, const char* what, std::optional<DType> as) {
+  if (!as && py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();
+  if (!as && isCudaArray(obj)) return cudaArrayTensor(obj, what);
+  auto [arr, dtype] = collectiveArray(obj, what, as);
   if (!(arr.flags() & py::array::c_style)) arr = py::module_::import("numpy").attr("ascontiguousarray")(arr);
   Shape shape = shapeOf(arr);
-  return Tensor::fromExternal(const_cast<void*>(arr.data()), shape, *collectiveDType(arr.dtype()), pythonOwner(arr));
+  return Tensor::fromExternal(const_cast<void*>(arr.data()), shape, dtype, pythonOwner(arr));
+}
+
+py::dtype numpyDType(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return py::dtype::of<float>();
+    case DType::Float64: return py::dtype::of<double>();
+    case DType::Int32: return py::dtype::of<int32_t>();
+    case DType::Int64: return py::dtype::of<int64_t>();
+    case DType::Float16: return py::dtype("float16");
+    case DType::BFloat16: return py::dtype::of<uint16_t>();  // its bits: numpy has no bfloat16
+    case DType::Int8: return py::dtype::of<int8_t>();
+    case DType::UInt8: return py::dtype::of<uint8_t>();
+    case DType::Int16: return py::dtype::of<int16_t>();
+    case DType::Bool: return py::dtype::of<bool>();
+  }
+  throw InvalidArgument(makeString("unknown dtype code ", static_cast<int>(dtype)));
 }
 
 std::pair<py::array, Tensor> newArray(const std::vector<py::ssize_t>& shape, DType dtype) {
-  py::dtype dt;
-  switch (dtype) {
-    case DType::Float32: dt = py::dtype::of<float>(); break;
-    case DType::Float64: dt = py::dtype::of<double>(); break;
-    case DType::Int32: dt = py::dtype::of<int32_t>(); break;
-    case DType::Int64: dt = py::dtype::of<int64_t>(); break;
-  }
-  py::array arr(dt, shape);
+  py::array arr(numpyDType(dtype), shape);
   Shape s(shape.begin(), shape.end());
   return {arr, Tensor::fromExternal(arr.mutable_data(), s, dtype, pythonOwner(arr))};
 }
@@ -188,8 +243,14 @@ std::string bufferFormat(DType dtype) {
     case DType::Float64: return py::format_descriptor<double>::format();
     case DType::Int32: return py::format_descriptor<int32_t>::format();
     case DType::Int64: return py::format_descriptor<int64_t>::format();
+    case DType::Float16: return "e";
+    case DType::BFloat16: return py::format_descriptor<uint16_t>::format();  // its bits, as numpyDType
+    case DType::Int8: return py::format_descriptor<int8_t>::format();
+    case DType::UInt8: return py::format_descriptor<uint8_t>::format();
+    case DType::Int16: return py::format_descriptor<int16_t>::format();
+    case DType::Bool: return py::format_descriptor<bool>::format();
   }
-  throw InvalidArgument("unknown dtype");
+  throw InvalidArgument(makeString("unknown dtype code ", static_cast<int>(dtype)));
 }
 
 py::object toPython(const Tensor& t) {
@@ -250,13 +311,7 @@ py::object toNumpy(const Tensor& t) {
     }
     return toNumpy(host);
   }
-  py::dtype dtype;
-  switch (t.dtype()) {
-    case DType::Float32: dtype = py::dtype::of<float>(); break;
-    case DType::Float64: dtype = py::dtype::of<double>(); break;
-    case DType::Int32: dtype = py::dtype::of<int32_t>(); break;
-    case DType::Int64: dtype = py::dtype::of<int64_t>(); break;
-  }
+  py::dtype dtype = numpyDType(t.dtype());
   std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
   if (!t.rawData()) return py::array(dtype, shape, {});  // zero elements: nothing to share
   auto* keep = new std::shared_ptr<Storage>(t.storage());

@@ -4,6 +4,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <optional>
+
 #include "cyxwiz/tensor/tensor.h"
 
 namespace cyxwiz::bindings {
@@ -25,11 +27,17 @@ py::object toPython(const Tensor& t);
 // Wraps an object exposing __cuda_array_interface__ (CuPy, PyTorch CUDA tensors) without a copy.
 Tensor cudaArrayTensor(py::handle obj, const char* what);
 Tensor fromNumpyAnyDtype(py::handle obj, const char* what);
-// An array a collective may write into: a numpy array (or cx.Tensor) of float32/float64/int32/int64,
-// C-contiguous and writable, wrapped without a copy. TypeError/ValueError that say how to fix it.
-Tensor inplaceTensor(py::handle obj, const char* what);
+// An array a collective may write into: a numpy array (or cx.Tensor) of float32/float64/float16,
+// int64/int32/int16/int8, uint8 or bool, C-contiguous and writable, wrapped without a copy.
+// TypeError/ValueError that say how to fix it. `as` (from dtypeOverride): the array holds that
+// dtype's bits in 2-byte integers (bfloat16; numpy has none).
+Tensor inplaceTensor(py::handle obj, const char* what, std::optional<DType> as = std::nullopt);
 // A read-only collective input: as inplaceTensor, but non-contiguous arrays are copied once.
-Tensor inputTensor(py::handle obj, const char* what);
+Tensor inputTensor(py::handle obj, const char* what, std::optional<DType> as = std::nullopt);
+// A collective's dtype= keyword: None, or "bfloat16".
+std::optional<DType> dtypeOverride(py::handle dtype, const char* what);
+// The numpy dtype of a DType; bfloat16 is uint16 (its bits: numpy has no bfloat16).
+py::dtype numpyDType(DType dtype);
 // A new numpy array of `shape` and the tensor dtype, and a Tensor over it.
 std::pair<py::array, Tensor> newArray(const std::vector<py::ssize_t>& shape, DType dtype);
 // The buffer-protocol format character of a dtype ("f", "d", ...).

@@ -6,6 +6,7 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/cuda.h"
 #include "cyxwiz/tensor/blas.h"
+#include "cyxwiz/tensor/half.h"
 #include "cyxwiz/tensor/random.h"
 #include "cyxwiz/tensor/tensor.h"
 #include "dlpack.h"
@@ -18,7 +19,8 @@ using cyxwiz::bindings::toNumpy;
 
 void init_tensor(py::module_& m) {
   py::class_<Tensor>(m, "Tensor", py::buffer_protocol(), R"pbdoc(
-A contiguous n-dimensional array owned by the engine (float32, float64, int32 or int64).
+A contiguous n-dimensional array owned by the engine (float32, float64, int32 or int64; other
+numeric arrays are converted to float32).
 
 ``cx.Tensor(array)`` wraps a C-contiguous numpy array without copying (other layouts are
 converted once); ``numpy.asarray(t)``, ``memoryview(t)`` and ``t.numpy()`` are views, not copies.
@@ -55,8 +57,7 @@ converted once); ``numpy.asarray(t)``, ``memoryview(t)`` and ``t.numpy()`` are v
         if (!t.isCuda()) throw py::attribute_error("a host tensor has no __cuda_array_interface__; use numpy()");
         py::dict d;
         d["shape"] = py::tuple(py::cast(t.shape()));
-        d["typestr"] = std::string("<") + (t.dtype() == cyxwiz::DType::Float32 || t.dtype() == cyxwiz::DType::Float64 ? "f" : "i") +
-                       std::to_string(cyxwiz::itemSize(t.dtype()));
+        d["typestr"] = cyxwiz::bindings::numpyDType(t.dtype()).attr("str");
         d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(t.rawData()), false);
         d["version"] = 3;
         d["strides"] = py::none();
@@ -104,6 +105,25 @@ converted once); ``numpy.asarray(t)``, ``memoryview(t)`` and ``t.numpy()`` are v
   m.def("get_rng_state", []() { return py::bytes(cyxwiz::generatorState()); },
         "The engine's random stream state, for checkpoints: restore it with set_rng_state.");
   m.def("set_rng_state", [](const py::bytes& state) { cyxwiz::setGeneratorState(state); }, py::arg("state"));
+  // For tests against numpy's float16 and torch's bfloat16: the conversions the collectives use.
+  m.def("_round_to_16", [](py::array_t<float, py::array::c_style | py::array::forcecast> x, const std::string& dtype) {
+    const bool bf = dtype == "bfloat16";
+    CYX_CHECK(bf || dtype == "float16", "_round_to_16: dtype must be \"float16\" or \"bfloat16\", got \"", dtype, "\"");
+    py::array_t<uint16_t> out(x.size());
+    for (py::ssize_t i = 0; i < x.size(); ++i) {
+      out.mutable_data()[i] = bf ? cyxwiz::floatToBFloat16(x.data()[i]) : cyxwiz::floatToHalf(x.data()[i]);
+    }
+    return out;
+  }, py::arg("x"), py::arg("dtype"));
+  m.def("_widen_16", [](py::array_t<uint16_t, py::array::c_style | py::array::forcecast> bits, const std::string& dtype) {
+    const bool bf = dtype == "bfloat16";
+    CYX_CHECK(bf || dtype == "float16", "_widen_16: dtype must be \"float16\" or \"bfloat16\", got \"", dtype, "\"");
+    py::array_t<float> out(bits.size());
+    for (py::ssize_t i = 0; i < bits.size(); ++i) {
+      out.mutable_data()[i] = bf ? cyxwiz::bfloat16ToFloat(bits.data()[i]) : cyxwiz::halfToFloat(bits.data()[i]);
+    }
+    return out;
+  }, py::arg("bits"), py::arg("dtype"));
   m.def("set_num_threads", &cyxwiz::blas::setNumThreads, py::arg("n"),
         "Number of BLAS threads for matrix products in this process.");
   m.def("get_num_threads", &cyxwiz::blas::numThreads, "Number of BLAS threads in this process.");

@@ -408,7 +408,7 @@ ERRORS = PRELUDE + r'''
 dist.init()
 ops = [dist.all_reduce, dist.broadcast]
 for fn in [dist.all_reduce, dist.broadcast, dist.all_gather, dist.reduce_scatter]:
-    for dtype in ["float16", "uint8", "bool", "complex64", "int16", "uint64"]:
+    for dtype in ["uint16", "uint32", "complex64", "uint64"]:  # float16, int8, uint8, int16, bool: see test_collective_dtypes
         expect_raises(TypeError, fn, np.zeros(4, dtype=dtype), contains=[fn.__name__, str(np.dtype(dtype))])
     for bad in [[1.0, 2.0], 3.0, None, "abc", (1, 2)]:
         expect_raises(TypeError, fn, bad, contains=[fn.__name__, "numpy array"])
@@ -449,7 +449,7 @@ done()
 def test_argument_errors_and_mismatch(ranks):
     results = ranks.run(ERRORS, 2)
     reports = outputs(ranks, results, 2)
-    assert all(rep["checks"] >= 66 for rep in reports), [rep["checks"] for rep in reports]
+    assert all(rep["checks"] >= 58 for rep in reports), [rep["checks"] for rep in reports]
 
 
 EQUIVALENT_DTYPES = PRELUDE + r'''

@@ -2,59 +2,145 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/tensor/half.h"
 
 namespace cyxwiz::comm {
 
 namespace {
 
-template <typename T, typename F>
+// How an element is read for arithmetic and written back. float16 and bfloat16 are combined in
+// float32 and rounded back each time (so a ring rounds at every hop, as Gloo does).
+template <typename T>
+struct Plain {
+  using Stored = T;
+  static T load(T x) { return x; }
+  static T store(T x) { return x; }
+};
+struct WidenedHalf {
+  using Stored = uint16_t;
+  static float load(uint16_t x) { return halfToFloat(x); }
+  static uint16_t store(float x) { return floatToHalf(x); }
+};
+struct WidenedBFloat16 {
+  using Stored = uint16_t;
+  static float load(uint16_t x) { return bfloat16ToFloat(x); }
+  static uint16_t store(float x) { return floatToBFloat16(x); }
+};
+
+template <typename E, typename F>
 void apply(void* acc, const void* in, size_t n, F f) {
-  T* __restrict a = static_cast<T*>(acc);
-  const T* __restrict b = static_cast<const T*>(in);
-  for (size_t i = 0; i < n; ++i) a[i] = f(a[i], b[i]);
+  using S = typename E::Stored;
+  S* __restrict a = static_cast<S*>(acc);
+  const S* __restrict b = static_cast<const S*>(in);
+  for (size_t i = 0; i < n; ++i) a[i] = E::store(f(E::load(a[i]), E::load(b[i])));
 }
 
-template <typename T>
-void reduceTyped(void* acc, const void* in, size_t n, ReduceOp op) {
+// The same for 16-bit floats, a block at a time: widening, combining and rounding back each in a
+// loop of its own lets the compiler vectorise all three (one fused loop it leaves scalar).
+template <typename E, typename F>
+void applyWidened(void* acc, const void* in, size_t n, F f) {
+  constexpr size_t kBlock = 512;
+  float x[kBlock], y[kBlock];
+  uint16_t* __restrict a = static_cast<uint16_t*>(acc);
+  const uint16_t* __restrict b = static_cast<const uint16_t*>(in);
+  for (size_t at = 0; at < n; at += kBlock) {
+    const size_t m = std::min(kBlock, n - at);
+    for (size_t i = 0; i < m; ++i) x[i] = E::load(a[at + i]);
+    for (size_t i = 0; i < m; ++i) y[i] = E::load(b[at + i]);
+    for (size_t i = 0; i < m; ++i) x[i] = f(x[i], y[i]);
+    for (size_t i = 0; i < m; ++i) a[at + i] = E::store(x[i]);
+  }
+}
+
+template <typename E, typename F>
+void applyFloating(void* acc, const void* in, size_t n, F f) {
+  if constexpr (std::is_same_v<typename E::Stored, uint16_t>) {
+    applyWidened<E>(acc, in, n, f);
+  } else {
+    apply<E>(acc, in, n, f);
+  }
+}
+
+template <typename E>
+void reduceFloating(void* acc, const void* in, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: apply<T>(acc, in, n, [](T x, T y) { return x + y; }); return;
-    case ReduceOp::Product: apply<T>(acc, in, n, [](T x, T y) { return x * y; }); return;
+    case ReduceOp::Avg: applyFloating<E>(acc, in, n, [](auto x, auto y) { return x + y; }); return;
+    case ReduceOp::Product: applyFloating<E>(acc, in, n, [](auto x, auto y) { return x * y; }); return;
     // NaN wins, as in numpy.maximum/minimum and torch: a NaN gradient must not vanish in a MAX.
-    case ReduceOp::Max: apply<T>(acc, in, n, [](T x, T y) { return (x != x || x > y) ? x : (y != y ? y : std::max(x, y)); }); return;
-    case ReduceOp::Min: apply<T>(acc, in, n, [](T x, T y) { return (x != x || x < y) ? x : (y != y ? y : std::min(x, y)); }); return;
+    case ReduceOp::Max: applyFloating<E>(acc, in, n, [](auto x, auto y) { return (x != x || x > y) ? x : (y != y ? y : std::max(x, y)); }); return;
+    case ReduceOp::Min: applyFloating<E>(acc, in, n, [](auto x, auto y) { return (x != x || x < y) ? x : (y != y ? y : std::min(x, y)); }); return;
   }
+}
+
+// Integers wrap around on overflow, as numpy's and torch's do; the arithmetic runs in an unsigned
+// type at least as wide as int, where wrapping is defined (uint16 * uint16 in int would overflow).
+template <typename T>
+void reduceInteger(void* acc, const void* in, size_t n, ReduceOp op) {
+  using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: apply<Plain<T>>(acc, in, n, [](T x, T y) { return static_cast<T>(U(x) + U(y)); }); return;
+    case ReduceOp::Product: apply<Plain<T>>(acc, in, n, [](T x, T y) { return static_cast<T>(U(x) * U(y)); }); return;
+    case ReduceOp::Max: apply<Plain<T>>(acc, in, n, [](T x, T y) { return std::max(x, y); }); return;
+    case ReduceOp::Min: apply<Plain<T>>(acc, in, n, [](T x, T y) { return std::min(x, y); }); return;
+  }
+}
+
+// Bool as torch and Gloo reduce it: SUM and MAX are "any", PRODUCT and MIN are "all".
+void reduceBool(void* acc, const void* in, size_t n, ReduceOp op) {
+  const bool any = op == ReduceOp::Sum || op == ReduceOp::Avg || op == ReduceOp::Max;
+  if (any) {
+    apply<Plain<uint8_t>>(acc, in, n, [](uint8_t x, uint8_t y) { return static_cast<uint8_t>((x | y) != 0); });
+  } else {
+    apply<Plain<uint8_t>>(acc, in, n, [](uint8_t x, uint8_t y) { return static_cast<uint8_t>(x != 0 && y != 0); });
+  }
+}
+
+template <typename E>
+void divideBy(void* data, size_t count, int worldSize) {
+  using S = typename E::Stored;
+  S* d = static_cast<S*>(data);
+  const auto n = static_cast<decltype(E::load(S{}))>(worldSize);
+  for (size_t i = 0; i < count; ++i) d[i] = E::store(E::load(d[i]) / n);
 }
 
 }  // namespace
 
 void reduceInto(void* acc, const void* in, size_t count, DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DType::Float32: reduceTyped<float>(acc, in, count, op); return;
-    case DType::Float64: reduceTyped<double>(acc, in, count, op); return;
-    case DType::Int32: reduceTyped<int32_t>(acc, in, count, op); return;
-    case DType::Int64: reduceTyped<int64_t>(acc, in, count, op); return;
+    case DType::Float32: reduceFloating<Plain<float>>(acc, in, count, op); return;
+    case DType::Float64: reduceFloating<Plain<double>>(acc, in, count, op); return;
+    case DType::Float16: reduceFloating<WidenedHalf>(acc, in, count, op); return;
+    case DType::BFloat16: reduceFloating<WidenedBFloat16>(acc, in, count, op); return;
+    case DType::Int32: reduceInteger<int32_t>(acc, in, count, op); return;
+    case DType::Int64: reduceInteger<int64_t>(acc, in, count, op); return;
+    case DType::Int8: reduceInteger<int8_t>(acc, in, count, op); return;
+    case DType::UInt8: reduceInteger<uint8_t>(acc, in, count, op); return;
+    case DType::Int16: reduceInteger<int16_t>(acc, in, count, op); return;
+    case DType::Bool: reduceBool(acc, in, count, op); return;
   }
+  throw InvalidArgument(makeString("reduce: unknown dtype code ", static_cast<int>(dtype)));
 }
 
 void finishAverage(void* data, size_t count, DType dtype, int worldSize) {
-  if (dtype == DType::Float32) {
-    float* d = static_cast<float*>(data);
-    const float n = static_cast<float>(worldSize);
-    for (size_t i = 0; i < count; ++i) d[i] /= n;
-  } else if (dtype == DType::Float64) {
-    double* d = static_cast<double*>(data);
-    const double n = static_cast<double>(worldSize);
-    for (size_t i = 0; i < count; ++i) d[i] /= n;
+  switch (dtype) {
+    case DType::Float32: divideBy<Plain<float>>(data, count, worldSize); return;
+    case DType::Float64: divideBy<Plain<double>>(data, count, worldSize); return;
+    case DType::Float16: divideBy<WidenedHalf>(data, count, worldSize); return;
+    case DType::BFloat16: divideBy<WidenedBFloat16>(data, count, worldSize); return;
+    // checkReduceOp refused AVG of these before anything was sent.
+    case DType::Int32: case DType::Int64: case DType::Int8: case DType::UInt8: case DType::Int16: case DType::Bool: return;
   }
 }
 
 void checkReduceOp(ReduceOp op, DType dtype) {
-  if (op == ReduceOp::Avg && dtype != DType::Float32 && dtype != DType::Float64) {
-    throw InvalidArgument(makeString("ReduceOp.AVG needs a floating-point array, got ", dtypeName(dtype),
-                                     "; use ReduceOp.SUM and divide by the world size yourself"));
+  if (op == ReduceOp::Avg && !isFloating(dtype)) {
+    throw InvalidArgument(makeString("ReduceOp.AVG needs a floating-point array (float16, bfloat16, float32 or float64), got ",
+                                     dtypeName(dtype), "; use ReduceOp.SUM and divide by the world size yourself"));
   }
 }
 

@@ -1,5 +1,6 @@
 #include "cyxwiz/tensor/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -7,6 +8,7 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/cuda.h"
 #include "cyxwiz/device/stream_release.h"
+#include "cyxwiz/tensor/half.h"
 
 namespace cyxwiz {
 
@@ -180,6 +182,12 @@ void Tensor::fill(double value) {
     case DType::Float64: { double* p = data<double>(); for (int64_t i = 0; i < n; ++i) p[i] = value; break; }
     case DType::Int32: { int32_t* p = data<int32_t>(); for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(value); break; }
     case DType::Int64: { int64_t* p = data<int64_t>(); for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int64_t>(value); break; }
+    case DType::Float16: std::fill_n(data<Half>(), n, Half{floatToHalf(static_cast<float>(value))}); break;
+    case DType::BFloat16: std::fill_n(data<BFloat16>(), n, BFloat16{floatToBFloat16(static_cast<float>(value))}); break;
+    case DType::Int8: std::fill_n(data<int8_t>(), n, static_cast<int8_t>(value)); break;
+    case DType::UInt8: std::fill_n(data<uint8_t>(), n, static_cast<uint8_t>(value)); break;
+    case DType::Int16: std::fill_n(data<int16_t>(), n, static_cast<int16_t>(value)); break;
+    case DType::Bool: std::fill_n(data<bool>(), n, value != 0.0); break;
   }
 }
 

@@ -22,7 +22,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-cuda::ElemType elemType(DType d) { return static_cast<cuda::ElemType>(static_cast<int>(d)); }
+// The CUDA library's ElemType (a fixed ABI) has the first four DType codes, and only those.
+bool hasElemType(DType d) {
+  switch (d) {
+    case DType::Float32: case DType::Float64: case DType::Int32: case DType::Int64: return true;
+    case DType::Float16: case DType::BFloat16: case DType::Int8: case DType::UInt8: case DType::Int16: case DType::Bool: return false;
+  }
+  return false;
+}
+cuda::ElemType elemType(DType d) { return static_cast<cuda::ElemType>(static_cast<int>(d)); }  // after hasElemType
 cuda::ReduceKind reduceKind(ReduceOp op) { return static_cast<cuda::ReduceKind>(static_cast<int>(op)); }
 
 // A collective's buffers while it may still run on the communication stream. Freeing them is
@@ -207,6 +215,11 @@ void NcclBackend::awaitReplay(void* event, const std::string& what) {
 
 std::shared_ptr<Work> NcclBackend::enqueue(CallSignature call, const Tensor& send, const Tensor& recv,
                                            cuda::CollectiveKind kind, bool async) {
+  if (!hasElemType(call.dtype)) {
+    throw TypeMismatch(makeString("[", where(), "] ", collectiveName(call.collective), ": the NCCL backend carries GPU "
+                                  "tensors of float32, float64, int32 and int64, got ", dtypeName(call.dtype),
+                                  "; convert the tensor to one of those, or run this collective on host memory"));
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   checkUsable(collectiveName(call.collective));
   call.sequence = ++sequence_;
