@@ -36,10 +36,12 @@ _R = dist.ReduceOp
 _NATIVE_OPS = {_R.SUM: D.ReduceOp.SUM, _R.AVG: D.ReduceOp.AVG, _R.PRODUCT: D.ReduceOp.PRODUCT,
                _R.MIN: D.ReduceOp.MIN, _R.MAX: D.ReduceOp.MAX}
 _BITWISE_OPS = {_R.BAND: torch.bitwise_and, _R.BOR: torch.bitwise_or, _R.BXOR: torch.bitwise_xor}
-_NATIVE_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
-# What other dtypes travel as: 16-bit floats are reduced in float32, small integers and bool in int64.
-_WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.int8: torch.int64,
-          torch.uint8: torch.int64, torch.int16: torch.int64, torch.bool: torch.int64}
+# What the core moves as it is; bfloat16 (no numpy dtype) travels as its int16 bits, and a reduction
+# combines 16-bit floats in float32, so that its result is float32-exact.
+_NATIVE_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.int16, torch.int8,
+                  torch.uint8, torch.bool)
+_AS_BITS = {torch.bfloat16: torch.int16}
+_REDUCED_IN_FLOAT32 = (torch.float16, torch.bfloat16)
 
 
 def _op_of(op, rank: int) -> object:
@@ -53,27 +55,33 @@ def _op_of(op, rank: int) -> object:
 
 
 class _Buffer:
-    """A tensor as the communicator sees it: its own memory when it can, else a contiguous copy of a
-    dtype the ring reduces, written back by ``done()``."""
+    """A tensor as the communicator sees it: its own memory when it can (contiguous, a dtype the core
+    moves), else a contiguous copy written back by ``done()``. ``reduce``: the values are combined,
+    so 16-bit floats go through float32."""
 
-    def __init__(self, tensor: torch.Tensor, what: str, rank: int):
+    def __init__(self, tensor: torch.Tensor, what: str, rank: int, reduce: bool = False):
         if tensor.device.type != "cpu":
             raise ValueError(f"cyxwiz backend, rank {rank}: {what} got a tensor on {tensor.device}; it moves CPU "
                              f"tensors. Use backend=\"nccl\" for GPU tensors, or init_process_group(backend="
                              f"\"cpu:cyxwiz,cuda:nccl\")")
         self.tensor = tensor
-        wide = _WIDER.get(tensor.dtype)
-        if wide is None and tensor.dtype not in _NATIVE_DTYPES:
-            raise TypeError(f"cyxwiz backend, rank {rank}: {what} does not move {tensor.dtype} tensors; convert to "
-                            f"float32, float64 or an integer type first")
-        self.copied = wide is not None or not tensor.is_contiguous()
-        self.view = (tensor.to(wide) if wide is not None else tensor.contiguous()) if self.copied else tensor
+        dtype = tensor.dtype
+        if dtype not in _NATIVE_DTYPES and dtype not in _AS_BITS:
+            raise TypeError(f"cyxwiz backend, rank {rank}: {what} does not move {dtype} tensors; convert to a "
+                            f"float or integer type first")
+        if reduce and dtype in _REDUCED_IN_FLOAT32:
+            self.copied, self.view = True, tensor.to(torch.float32)
+        else:
+            self.copied = not tensor.is_contiguous()
+            view = tensor.contiguous() if self.copied else tensor
+            self.view = view.view(_AS_BITS[dtype]) if dtype in _AS_BITS else view
         self.array = self.view.detach().numpy()
 
     def done(self) -> None:
         if self.copied:
             with torch.no_grad():
-                self.tensor.copy_(self.view.to(self.tensor.dtype))
+                bits = self.tensor.dtype in _AS_BITS and self.view.dtype == _AS_BITS[self.tensor.dtype]
+                self.tensor.copy_(self.view.view(self.tensor.dtype) if bits else self.view.to(self.tensor.dtype))
 
 
 class _Completer:
@@ -281,7 +289,7 @@ class CyxwizProcessGroup(dist.ProcessGroup):
         gathered = []
         pending = None
         for b in buffers:
-            if b.view.dtype.is_floating_point:
+            if b.tensor.dtype.is_floating_point:
                 raise TypeError(f"cyxwiz backend, rank {self.rank()}: BAND/BOR/BXOR need integer or bool tensors")
             out = torch.empty((world,) + tuple(b.view.shape), dtype=b.view.dtype)
             pending = _call(lambda b=b, out=out: self._group.all_gather(b.array, out.numpy(), async_op=True))
@@ -297,13 +305,13 @@ class CyxwizProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else _R.SUM
-        buffers = [_Buffer(t, "all_reduce", self.rank()) for t in tensors]
+        buffers = [_Buffer(t, "all_reduce", self.rank(), reduce=True) for t in tensors]
         pending, finish = self._all_reduce_buffers(buffers, op, _is_async(opts))
         return self._start(pending, buffers, tensors, finish)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else _R.SUM
-        buffers = [_Buffer(t, "all_reduce_coalesced", self.rank()) for t in tensors]
+        buffers = [_Buffer(t, "all_reduce_coalesced", self.rank(), reduce=True) for t in tensors]
         pending, finish = self._all_reduce_buffers(buffers, op)
         return self._start(pending, buffers, tensors, finish)
 
@@ -350,8 +358,8 @@ class CyxwizProcessGroup(dist.ProcessGroup):
         if input.numel() != output.numel() * self.size():
             raise ValueError(f"cyxwiz backend, rank {self.rank()}: reduce_scatter_tensor needs an input of "
                              f"world_size x {output.numel()} elements, got {input.numel()}")
-        src = _Buffer(input, "reduce_scatter_tensor", self.rank())
-        dst = _Buffer(output, "reduce_scatter_tensor", self.rank())
+        src = _Buffer(input, "reduce_scatter_tensor", self.rank(), reduce=True)
+        dst = _Buffer(output, "reduce_scatter_tensor", self.rank(), reduce=True)
         ours = _op_of(op, self.rank())
         pending = _call(lambda: self._group.reduce_scatter(src.array.reshape(-1), dst.array.reshape(-1), ours,
                                                           async_op=True))
@@ -373,7 +381,7 @@ class CyxwizProcessGroup(dist.ProcessGroup):
     # An all-reduce: the ring's bandwidth-optimal path; every rank gets the result, the root keeps it.
     def reduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else _R.SUM
-        buffers = [_Buffer(t, "reduce", self.rank()) for t in tensors]
+        buffers = [_Buffer(t, "reduce", self.rank(), reduce=True) for t in tensors]
         pending, finish = self._all_reduce_buffers(buffers, op)
         return self._start(pending, buffers, tensors, finish)
 
@@ -383,13 +391,14 @@ class CyxwizProcessGroup(dist.ProcessGroup):
         src = _Buffer(input_tensors[0], "gather", self.rank())
         if self.rank() != root:
             return self._start(_call(lambda: self._group.gather(src.array, None, root, async_op=True)), [], [])
-        flat = torch.empty((self.size(),) + tuple(src.view.shape), dtype=src.view.dtype)
-        pending = _call(lambda: self._group.gather(src.array, flat.numpy(), root, async_op=True))
+        flat = _Buffer(torch.empty((self.size(),) + tuple(src.tensor.shape), dtype=src.tensor.dtype), "gather",
+                       self.rank())
+        pending = _call(lambda: self._group.gather(src.array, flat.array, root, async_op=True))
 
         def copy_out():
             with torch.no_grad():
                 for r, o in enumerate(output_tensors[0]):
-                    o.copy_(flat[r].reshape(o.shape))
+                    o.copy_(flat.tensor[r].reshape(o.shape))
         return self._start(pending, [], output_tensors, copy_out)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -397,7 +406,8 @@ class CyxwizProcessGroup(dist.ProcessGroup):
         dst = _Buffer(output_tensors[0], "scatter", self.rank())
         full = None
         if self.rank() == root:
-            full = torch.stack([t.reshape(dst.view.shape).to(dst.view.dtype) for t in input_tensors[0]]).numpy()
+            parts = [t.reshape(dst.tensor.shape).to(dst.tensor.dtype) for t in input_tensors[0]]
+            full = _Buffer(torch.stack(parts), "scatter", self.rank()).array
         pending = _call(lambda: self._group.scatter(full, dst.array, root, async_op=True))
         return self._start(pending, [dst], output_tensors)
 
@@ -425,14 +435,15 @@ class CyxwizProcessGroup(dist.ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         src = _Buffer(torch.cat([t.reshape(-1) for t in input_tensors]), "all_to_all", self.rank())
-        out = torch.empty(sum(t.numel() for t in output_tensors), dtype=src.view.dtype)
+        out = _Buffer(torch.empty(sum(t.numel() for t in output_tensors), dtype=src.tensor.dtype), "all_to_all",
+                      self.rank())
         counts_in = [t.numel() for t in input_tensors]
         counts_out = [t.numel() for t in output_tensors]
-        pending = _call(lambda: self._group.all_to_all(src.array, out.numpy(), counts_in, counts_out, async_op=True))
+        pending = _call(lambda: self._group.all_to_all(src.array, out.array, counts_in, counts_out, async_op=True))
 
         def copy_out():
             with torch.no_grad():
-                for o, part in zip(output_tensors, out.split(counts_out)):
+                for o, part in zip(output_tensors, out.tensor.split(counts_out)):
                     o.copy_(part.reshape(o.shape))
         return self._start(pending, [], output_tensors, copy_out)
 

@@ -81,6 +81,38 @@ for dtype, tdtype in [(np.int8, torch.int8), (np.uint8, torch.uint8), (bool, tor
         want = fn.reduce(np.stack(xs), axis=0)
         expect(np.array_equal(t.numpy(), want), f"all_reduce {op} {dtype}")
         checks += 1
+# Random 16-bit floats: combined in float32 and rounded once, so the result is the float32 reduction
+# of the inputs rounded to the dtype; small integers wrap as numpy's do; bool SUM/MAX = any, MIN = all.
+for tdtype in (torch.float16, torch.bfloat16):
+    xs = [torch.from_numpy(rank_input(r, 257, np.float32, seed=6)).to(tdtype) for r in range(WS)]
+    for op, fn in [(R.SUM, lambda a: a.sum(0)), (R.MAX, lambda a: a.max(0).values), (R.MIN, lambda a: a.min(0).values)]:
+        t = xs[RANK].clone()
+        dist.all_reduce(t, op=op)
+        want = fn(torch.stack([x.float() for x in xs])).to(tdtype)
+        expect(torch.equal(t, want), f"all_reduce {op} {tdtype}: {t[:3]} vs {want[:3]}")
+        checks += 1
+for dtype, tdtype in [(np.int8, torch.int8), (np.uint8, torch.uint8), (np.int16, torch.int16)]:
+    xs = [(rank_input(r, 100, np.int64, seed=7) * 3).astype(dtype) for r in range(WS)]
+    for op, fn in [(R.SUM, np.add), (R.MAX, np.maximum), (R.MIN, np.minimum), (R.PRODUCT, np.multiply)]:
+        t = torch.from_numpy(xs[RANK].copy())
+        dist.all_reduce(t, op=op)
+        # numpy's add/multiply.reduce widen small integers; wrapped back, they are the wrapping result.
+        expect(np.array_equal(t.numpy(), fn.reduce(np.stack(xs), axis=0).astype(dtype)), f"all_reduce {op} {dtype}")
+        checks += 1
+bs = [rank_input(r, 50, bool, seed=8) for r in range(WS)]
+for op, want in [(R.SUM, np.any(bs, 0)), (R.MAX, np.any(bs, 0)), (R.MIN, np.all(bs, 0))]:
+    t = torch.from_numpy(bs[RANK].copy())
+    dist.all_reduce(t, op=op)
+    expect(np.array_equal(t.numpy(), want), f"all_reduce {op} bool")
+    checks += 1
+bf = [torch.from_numpy(rank_input(r, 17, np.float32, seed=9)).to(torch.bfloat16) for r in range(WS)]
+got = [torch.empty(17, dtype=torch.bfloat16) for _ in range(WS)]
+dist.all_gather(got, bf[RANK])
+expect(all(torch.equal(g, b) for g, b in zip(got, bf)), "all_gather bfloat16")
+b16 = bf[RANK].clone()
+dist.broadcast(b16, src=0)
+expect(torch.equal(b16, bf[0]), "broadcast bfloat16")
+checks += 2
 # Non-contiguous: a column of a matrix.
 m = torch.arange(20, dtype=torch.float32).reshape(4, 5) * (RANK + 1)
 col = m[:, 1]
