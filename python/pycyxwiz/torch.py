@@ -61,6 +61,9 @@ class _Buffer:
             raise ValueError(f"cyxwiz backend, rank {rank}: {what} got a tensor on {tensor.device}; it moves CPU "
                              f"tensors. Use backend=\"nccl\" for GPU tensors, or init_process_group(backend="
                              f"\"cpu:cyxwiz,cuda:nccl\")")
+        if tensor.layout != torch.strided:
+            raise TypeError(f"cyxwiz backend, rank {rank}: {what} got a {tensor.layout} tensor; it moves dense "
+                            f"tensors. Pass tensor.to_dense(), or use backend=\"gloo\" for sparse all_reduce")
         self.tensor = tensor
         wide = _WIDER.get(tensor.dtype)
         if wide is None and tensor.dtype not in _NATIVE_DTYPES:
@@ -340,19 +343,67 @@ class CyxwizProcessGroup(dist.ProcessGroup):
                         o.copy_(flat[r])
         return self._start(pending, [], output_tensors, scatter_out)
 
-    def reduce_scatter_single(self, output, input, opts=None):
+    # dist.all_gather_coalesced calls this on the group itself; without it torch's base method looks for
+    # a C++ backend and fails with "No backend type associated with device type cpu".
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """output_lists[r][j] receives rank r's input_list[j]."""
+        world = self.size()
+        staged = []
+        pending = None
+        for j, inp in enumerate(input_list):
+            if inp.numel() == 0:  # same shapes on every rank: nothing to move
+                continue
+            flat = torch.empty((world,) + tuple(inp.shape), dtype=inp.dtype)
+            pending, dst = self._gather_into(flat, inp, "all_gather_coalesced")
+            staged.append((j, flat, dst))
+
+        def scatter_out():
+            with torch.no_grad():
+                for j, flat, dst in staged:
+                    dst.done()
+                    for r in range(world):
+                        output_lists[r][j].copy_(flat[r])
+        return self._start(pending, [], output_lists, scatter_out)
+
+    def _scatter_into(self, output, input, opts, what: str):
         op = opts.reduceOp if opts is not None else _R.SUM
         if input.numel() != output.numel() * self.size():
-            raise ValueError(f"cyxwiz backend, rank {self.rank()}: reduce_scatter_tensor needs an input of "
+            raise ValueError(f"cyxwiz backend, rank {self.rank()}: {what} needs an input of "
                              f"world_size x {output.numel()} elements, got {input.numel()}")
-        src = _Buffer(input, "reduce_scatter_tensor", self.rank())
-        dst = _Buffer(output, "reduce_scatter_tensor", self.rank())
+        src = _Buffer(input, what, self.rank())
+        dst = _Buffer(output, what, self.rank())
         ours = _op_of(op, self.rank())
         pending = _call(lambda: self._group.reduce_scatter(src.array.reshape(-1), dst.array.reshape(-1), ours,
                                                           async_op=True))
+        return pending, dst
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        pending, dst = self._scatter_into(output, input, opts, "reduce_scatter_tensor")
         return self._start(pending, [dst], [output])
 
     _reduce_scatter_base = reduce_scatter_single
+
+    # The coalesced forms, by the names torch's _coalescing_manager and the functional collectives
+    # (all_gather_into_tensor_coalesced, reduce_scatter_tensor_coalesced) call; without them torch's base
+    # methods look for a C++ backend ("No backend type associated with device type cpu"). One Work: the
+    # ring runs them in order, so the last one done means all are.
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        pending, dsts = None, []
+        for out, inp in zip(outputs, inputs):
+            pending, dst = self._gather_into(out, inp, "all_gather_into_tensor_coalesced")
+            dsts.append(dst)
+        return self._start(pending, dsts, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        pending, dsts = None, []
+        for out, inp in zip(outputs, inputs):
+            pending, dst = self._scatter_into(out, inp, opts, "reduce_scatter_tensor_coalesced")
+            dsts.append(dst)
+        return self._start(pending, dsts, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         pending = None
@@ -390,10 +441,13 @@ class CyxwizProcessGroup(dist.ProcessGroup):
         return self._start(None, [], output_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        if output_split_sizes or input_split_sizes:
-            raise NotImplementedError(f"cyxwiz backend, rank {self.rank()}: all_to_all_single with split sizes is not "
-                                      "supported yet; pass equal splits, or use backend=\"gloo\" for this call's group")
         world = self.size()
+        # Split sizes that are all equal are the equal split (the functional all_to_all_single passes them).
+        if not (_even_split(output_split_sizes, output.shape[0], world) and
+                _even_split(input_split_sizes, input.shape[0], world)):
+            raise NotImplementedError(f"cyxwiz backend, rank {self.rank()}: all_to_all_single with unequal split sizes "
+                                      "is not supported yet; pass equal splits, or use backend=\"gloo\" for this "
+                                      "call's group")
         everything = torch.empty((world,) + tuple(input.shape), dtype=input.dtype)
         pending, dst = self._gather_into(everything, input, "all_to_all_single")
         self._start(pending, [dst], []).wait()
@@ -427,6 +481,11 @@ def _is_async(opts) -> bool:
     """torch says whether the caller waits at once (async_op=False): then the collective runs on the
     calling thread, as cx.distributed's blocking calls do, without a hand-over to the ring's thread."""
     return bool(getattr(opts, "asyncOp", True)) if opts is not None else True
+
+
+def _even_split(splits, rows: int, world: int) -> bool:
+    """No split sizes, or world_size equal ones that cover the rows."""
+    return not splits or (len(splits) == world and all(n * world == rows for n in splits))
 
 
 def _broadcast_options(root: int):
