@@ -64,6 +64,9 @@ class _Buffer:
             raise ValueError(f"cyxwiz backend, rank {rank}: {what} got a tensor on {tensor.device}; it moves CPU "
                              f"tensors. Use backend=\"nccl\" for GPU tensors, or init_process_group(backend="
                              f"\"cpu:cyxwiz,cuda:nccl\")")
+        if tensor.layout != torch.strided:
+            raise TypeError(f"cyxwiz backend, rank {rank}: {what} got a {tensor.layout} tensor; it moves dense "
+                            f"tensors. Pass tensor.to_dense(), or use backend=\"gloo\" for sparse all_reduce")
         self.tensor = tensor
         dtype = tensor.dtype
         if dtype not in _NATIVE_DTYPES and dtype not in _AS_BITS:
@@ -353,19 +356,67 @@ class CyxwizProcessGroup(dist.ProcessGroup):
                         o.copy_(flat[r])
         return self._start(pending, [], output_tensors, scatter_out)
 
-    def reduce_scatter_single(self, output, input, opts=None):
+    # dist.all_gather_coalesced calls this on the group itself; without it torch's base method looks for
+    # a C++ backend and fails with "No backend type associated with device type cpu".
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """output_lists[r][j] receives rank r's input_list[j]."""
+        world = self.size()
+        staged = []
+        pending = None
+        for j, inp in enumerate(input_list):
+            if inp.numel() == 0:  # same shapes on every rank: nothing to move
+                continue
+            flat = torch.empty((world,) + tuple(inp.shape), dtype=inp.dtype)
+            pending, dst = self._gather_into(flat, inp, "all_gather_coalesced")
+            staged.append((j, flat, dst))
+
+        def scatter_out():
+            with torch.no_grad():
+                for j, flat, dst in staged:
+                    dst.done()
+                    for r in range(world):
+                        output_lists[r][j].copy_(flat[r])
+        return self._start(pending, [], output_lists, scatter_out)
+
+    def _scatter_into(self, output, input, opts, what: str):
         op = opts.reduceOp if opts is not None else _R.SUM
         if input.numel() != output.numel() * self.size():
-            raise ValueError(f"cyxwiz backend, rank {self.rank()}: reduce_scatter_tensor needs an input of "
+            raise ValueError(f"cyxwiz backend, rank {self.rank()}: {what} needs an input of "
                              f"world_size x {output.numel()} elements, got {input.numel()}")
-        src = _Buffer(input, "reduce_scatter_tensor", self.rank(), reduce=True)
-        dst = _Buffer(output, "reduce_scatter_tensor", self.rank(), reduce=True)
+        src = _Buffer(input, what, self.rank(), reduce=True)
+        dst = _Buffer(output, what, self.rank(), reduce=True)
         ours = _op_of(op, self.rank())
         pending = _call(lambda: self._group.reduce_scatter(src.array.reshape(-1), dst.array.reshape(-1), ours,
                                                           async_op=True))
+        return pending, dst
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        pending, dst = self._scatter_into(output, input, opts, "reduce_scatter_tensor")
         return self._start(pending, [dst], [output])
 
     _reduce_scatter_base = reduce_scatter_single
+
+    # The coalesced forms, by the names torch's _coalescing_manager and the functional collectives
+    # (all_gather_into_tensor_coalesced, reduce_scatter_tensor_coalesced) call; without them torch's base
+    # methods look for a C++ backend ("No backend type associated with device type cpu"). One Work: the
+    # ring runs them in order, so the last one done means all are.
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        pending, dsts = None, []
+        for out, inp in zip(outputs, inputs):
+            pending, dst = self._gather_into(out, inp, "all_gather_into_tensor_coalesced")
+            dsts.append(dst)
+        return self._start(pending, dsts, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        pending, dsts = None, []
+        for out, inp in zip(outputs, inputs):
+            pending, dst = self._scatter_into(out, inp, opts, "reduce_scatter_tensor_coalesced")
+            dsts.append(dst)
+        return self._start(pending, dsts, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         pending = None

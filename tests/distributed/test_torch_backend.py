@@ -469,6 +469,127 @@ def test_fsdp2_fully_shard_trains_as_with_gloo(ranks, tmp_path):
         np.testing.assert_array_equal(np.load(tmp_path / f"cyxwiz.{r}.npy"), np.load(tmp_path / f"gloo.{r}.npy"))
 
 
+COALESCED_GATHER = PRELUDE + r'''
+dist.init_process_group("cyxwiz")
+
+
+def inputs_of(r):
+    return [torch.full((2, 3), r + 1.0), torch.arange(4.0) + 10 * r, torch.empty(0), torch.full((5,), r + 0.5)]
+
+
+for dtype in (torch.float32, torch.float16):  # one dtype per call, as torch requires
+    mine = [t.to(dtype) for t in inputs_of(RANK)]
+    outs = [[torch.zeros_like(t) for t in mine] for _ in range(WS)]
+    try:
+        dist.all_gather_coalesced(outs, mine)
+        for r in range(WS):
+            for j, (got, want) in enumerate(zip(outs[r], inputs_of(r))):
+                expect(torch.equal(got, want.to(dtype)), f"{dtype} output_lists[{r}][{j}] = {got} vs {want}")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        errors.append(f"{dtype}: {type(e).__name__}: {e}")
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
+'''
+
+
+def test_all_gather_coalesced(ranks):
+    """dist.all_gather_coalesced (PyTorch's test_all_gather_coalesced_* in distributed_test.py): rank r's
+    j-th tensor lands in output_lists[r][j] on every rank, empty and float16 tensors included."""
+    results_of(ranks, ranks.run(COALESCED_GATHER, 2, timeout=60), 2)
+
+
+COALESCED_FORMS = PRELUDE + r'''
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.distributed_c10d import _coalescing_manager
+dist.init_process_group("cyxwiz")
+total = sum(range(1, WS + 1))
+for dtype in (torch.float32, torch.float16):  # float16 goes through copies: each must be written back
+    def mine(n, k):
+        return torch.full((n,), float(RANK + k)).to(dtype)
+    try:
+        # torch's coalescing manager: every call inside becomes one coalesced call of the backend.
+        gathered = [torch.zeros(WS * 3, dtype=dtype), torch.zeros(WS * 2, dtype=dtype)]
+        scattered = [torch.zeros(2, dtype=dtype), torch.zeros(4, dtype=dtype)]
+        with _coalescing_manager(async_ops=True) as cm:
+            dist.all_gather_into_tensor(gathered[0], mine(3, 1))
+            dist.all_gather_into_tensor(gathered[1], mine(2, 10))
+        cm.wait()
+        with _coalescing_manager(async_ops=True) as cm:
+            dist.reduce_scatter_tensor(scattered[0], mine(WS * 2, 1))
+            dist.reduce_scatter_tensor(scattered[1], mine(WS * 4, 1))
+        cm.wait()
+        # The functional collectives' coalesced forms.
+        fg = funcol.all_gather_into_tensor_coalesced([mine(3, 1), mine(2, 10)], dist.group.WORLD)
+        fs = funcol.reduce_scatter_tensor_coalesced([mine(WS * 2, 1), mine(WS * 4, 1)], "sum", [0, 0],
+                                                    dist.group.WORLD)
+        for name, (g0, g1), (s0, s1) in (("manager", gathered, scattered), ("funcol", fg, fs)):
+            want0, want1 = (torch.arange(k, WS + k).repeat_interleave(n).to(dtype) for k, n in ((1, 3), (10, 2)))
+            expect(torch.equal(g0, want0), f"{name} {dtype} ag0 {g0}")
+            expect(torch.equal(g1, want1), f"{name} {dtype} ag1 {g1}")
+            expect(torch.equal(s0, torch.full((2,), float(total)).to(dtype)), f"{name} {dtype} rs0 {s0}")
+            expect(torch.equal(s1, torch.full((4,), float(total)).to(dtype)), f"{name} {dtype} rs1 {s1}")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        errors.append(f"{dtype}: {type(e).__name__}: {str(e).splitlines()[0]}")
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
+'''
+
+
+def test_coalesced_all_gather_and_reduce_scatter_tensor(ranks):
+    """all_gather_into_tensor and reduce_scatter_tensor coalesced, as torch's _coalescing_manager and the
+    functional collectives (DTensor, DeviceMesh users) issue them: every output right, float16 included."""
+    results_of(ranks, ranks.run(COALESCED_FORMS, 2, timeout=60), 2)
+
+
+EQUAL_SPLITS = PRELUDE + r'''
+import torch.distributed._functional_collectives as funcol
+dist.init_process_group("cyxwiz")
+x = torch.arange(WS * 2, dtype=torch.float32) + 100 * RANK
+want = torch.cat([torch.arange(WS * 2, dtype=torch.float32)[RANK * 2:RANK * 2 + 2] + 100 * q for q in range(WS)])
+try:
+    out = torch.empty(WS * 2)
+    dist.all_to_all_single(out, x, [2] * WS, [2] * WS)  # explicit split sizes, all equal
+    expect(torch.equal(out, want), f"all_to_all_single with equal split sizes: {out} vs {want}")
+    f = funcol.all_to_all_single(x, None, None, dist.group.WORLD)  # passes the equal sizes itself
+    expect(torch.equal(f, want), f"functional all_to_all_single: {f} vs {want}")
+except Exception as e:  # noqa: BLE001 - reported to the test
+    errors.append(f"{type(e).__name__}: {str(e).splitlines()[0]}")
+try:
+    dist.all_to_all_single(torch.empty(WS * 2), x, [1] * WS, [2] * WS)  # output splits cover half the output
+    errors.append("split sizes that do not cover the output were accepted")
+except ValueError as e:
+    expect("split sizes add up to" in str(e), e)
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
+'''
+
+
+def test_all_to_all_single_with_equal_split_sizes(ranks):
+    """Split sizes that are all equal (what the functional all_to_all_single passes) are the equal split;
+    sizes that do not cover the tensor are refused before anything is sent."""
+    results_of(ranks, ranks.run(EQUAL_SPLITS, 2, timeout=60), 2)
+
+
+SPARSE = PRELUDE + r'''
+dist.init_process_group("cyxwiz")
+try:
+    dist.all_reduce(torch.eye(3).to_sparse())
+    errors.append("a sparse tensor was accepted")
+except TypeError as e:
+    expect(f"rank {RANK}" in str(e) and "all_reduce" in str(e) and "to_dense" in str(e), e)
+except Exception as e:  # noqa: BLE001 - reported to the test
+    errors.append(f"{type(e).__name__}: {str(e).splitlines()[0]}")
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
+'''
+
+
+def test_a_sparse_tensor_is_refused_with_the_remedy(ranks):
+    """PyTorch's test_sparse_all_reduce_sum: sparse all_reduce is gloo's; ours names the rank, the
+    operation and the remedy instead of failing inside torch ("unsupported memory format option")."""
+    results_of(ranks, ranks.run(SPARSE, 1, timeout=60), 1)
+
+
 INIT_METHODS = PRELUDE + r'''
 dist.init_process_group("cyxwiz", init_method=os.environ["TEST_INIT_METHOD"], rank=RANK, world_size=WS)
 t = torch.full((3,), float(RANK + 1))
