@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from harness import Ranks, free_port, rank_env
 
 import pycyxwiz as cx
 
@@ -30,81 +29,6 @@ posix_only = pytest.mark.skipif(not POSIX, reason="POSIX shell and process group
 EPOCH_LINE = re.compile(r"^Epoch \d+/\d+ - loss ")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env(**extra) -> dict[str, str]:
-    """Our environment without any launcher's variables (pytest itself may run under one)."""
-    drop = re.compile(r"(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|GROUP_RANK|MASTER_ADDR|MASTER_PORT"
-                      r"|DISTRIBUTED_.*|CYXWIZ_.*|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*|PMIX_.*|QUICKSTART_.*)")
-    # Which CUDA library to load (the tests' host emulator) is not a launcher setting: it stays.
-    keep = re.compile(r"CYXWIZ_CUDA_LIBRARY|CYXWIZ_EMULATED_.*")
-    env = {k: v for k, v in os.environ.items() if keep.fullmatch(k) or not drop.fullmatch(k)}
-    env.update({"CYXWIZ_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DISTRIBUTED_TIMEOUT_MS": "20000"})
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-class Runner:
-    """Starts processes in their own sessions and guarantees they are gone when the test ends."""
-
-    def __init__(self, cwd: Path):
-        self.cwd = cwd
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        p = subprocess.Popen([str(c) for c in cmd], env=env, cwd=self.cwd, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def wait(self, p: subprocess.Popen, timeout: float = TIMEOUT) -> tuple[int, str, str]:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill(p)
-            out, err = p.communicate()
-            pytest.fail(f"timed out after {timeout} s: {p.args}\n--- stdout\n{out}\n--- stderr\n{err}")
-        return p.returncode, out, err
-
-    def run(self, cmd: list[str], env: dict[str, str], timeout: float = TIMEOUT) -> tuple[str, str]:
-        """Runs cmd to completion; fails the test (with its output) on a non-zero exit or a timeout."""
-        rc, out, err = self.wait(self.start(cmd, env), timeout)
-        assert rc == 0, f"{cmd} exited {rc}\n--- stdout\n{out}\n--- stderr\n{err}"
-        return out, err
-
-    @staticmethod
-    def kill(p: subprocess.Popen) -> None:
-        if POSIX:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        else:
-            p.kill()
-
-    def cleanup(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                self.kill(p)
-            try:
-                p.communicate(timeout=10)
-            except (subprocess.TimeoutExpired, ValueError):
-                pass
-
-
-@pytest.fixture
-def runner(tmp_path):
-    r = Runner(tmp_path)
-    try:
-        yield r
-    finally:
-        r.cleanup()
-
-
 def python(script: str, *args) -> list[str]:
     return [sys.executable, EXAMPLES / script, *args]
 
@@ -114,15 +38,14 @@ def launch(n: int, script: str, *args) -> list[str]:
     return ["sh", ROOT / "launch_distributed.sh", str(n), *python(script, *args)]
 
 
-def run_by_hand(runner: Runner, world: int, cmd: list[str], timeout: float = TIMEOUT, **extra) -> list[tuple[str, str]]:
+def run_by_hand(ranks: Ranks, world: int, cmd: list[str], timeout: float = TIMEOUT, **extra) -> list[tuple[str, str]]:
     """RANK=r WORLD_SIZE=world cmd, one process per rank, as in the guide's manual launch."""
     port = free_port()
-    procs = [runner.start(cmd, clean_env(RANK=r, LOCAL_RANK=r, WORLD_SIZE=world, MASTER_ADDR="127.0.0.1",
-                                         MASTER_PORT=port, **extra)) for r in range(world)]
-    results = [runner.wait(p, timeout) for p in procs]
-    report = "\n".join(f"--- rank {r} rc={rc}\n{out}\n{err}" for r, (rc, out, err) in enumerate(results))
-    assert all(rc == 0 for rc, _, _ in results), report
-    return [(out, err) for _, out, err in results]
+    procs = [ranks.popen(cmd, rank_env(RANK=r, LOCAL_RANK=r, WORLD_SIZE=world, MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=port, **extra), rank=r) for r in range(world)]
+    results = [ranks.finish(p, timeout) for p in procs]
+    assert all(r.rc == 0 for r in results), ranks.report(results)
+    return [(r.out, r.err) for r in results]
 
 
 def rank_lines(out: str, rank: int) -> list[str]:
@@ -149,17 +72,17 @@ def check_model(path: Path, features: int = 784, classes: int = 10) -> None:
 QUICK = {"QUICKSTART_EPOCHS": "2"}
 
 
-def test_quick_start_single_process(runner, tmp_path):
-    out, err = runner.run(python("quick_start.py"), clean_env(**QUICK))
+def test_quick_start_single_process(ranks, tmp_path):
+    out, err = ranks.command(python("quick_start.py"), rank_env(**QUICK))
     assert len(epoch_lines(out)) == 2, out + err
     assert "world size 1" in out
     check_model(tmp_path / "model.cyxmodel")              # the guide's file name, in the current directory
 
 
 @posix_only
-def test_quick_start_launcher_two_ranks(runner, tmp_path):
-    out, err = runner.run(launch(2, "quick_start.py", "--out", tmp_path / "qs.cyxmodel"),
-                          clean_env(MASTER_PORT=free_port(), **QUICK))
+def test_quick_start_launcher_two_ranks(ranks, tmp_path):
+    out, err = ranks.command(launch(2, "quick_start.py", "--out", tmp_path / "qs.cyxmodel"),
+                             rank_env(MASTER_PORT=free_port(), **QUICK))
     assert len(epoch_lines(rank_lines(out, 0))) == 2, out + err
     assert epoch_lines(rank_lines(out, 1)) == [], "rank 1 printed epoch lines:\n" + out
     assert "world size 2, effective batch 128" in out
@@ -167,8 +90,8 @@ def test_quick_start_launcher_two_ranks(runner, tmp_path):
     assert not (tmp_path / "model.cyxmodel").exists()
 
 
-def test_quick_start_by_hand(runner, tmp_path):
-    (out0, err0), (out1, err1) = run_by_hand(runner, 2, python("quick_start.py"),
+def test_quick_start_by_hand(ranks, tmp_path):
+    (out0, err0), (out1, err1) = run_by_hand(ranks, 2, python("quick_start.py"),
                                              QUICKSTART_OUT=tmp_path / "hand.cyxmodel", **QUICK)
     assert len(epoch_lines(out0)) == 2, out0 + err0
     assert out1.strip() == "", "rank 1 printed on stdout:\n" + out1
@@ -177,10 +100,10 @@ def test_quick_start_by_hand(runner, tmp_path):
 
 @posix_only
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun (PyTorch) is not installed")
-def test_quick_start_torchrun(runner, tmp_path):
+def test_quick_start_torchrun(ranks, tmp_path):
     torchrun = Path(shutil.which("torchrun"))
-    out, err = runner.run([torchrun, "--nproc_per_node=2", f"--master_port={free_port()}",
-                           EXAMPLES / "quick_start.py", "--out", tmp_path / "tr.cyxmodel"], clean_env(**QUICK))
+    out, err = ranks.command([torchrun, "--nproc_per_node=2", f"--master_port={free_port()}",
+                              EXAMPLES / "quick_start.py", "--out", tmp_path / "tr.cyxmodel"], rank_env(**QUICK))
     assert len(epoch_lines(out)) == 2, out + err          # torchrun does not prefix: rank 1 printed none
     assert "world size 2" in out
     check_model(tmp_path / "tr.cyxmodel")
@@ -195,10 +118,10 @@ def parse_test_accuracy(out: str) -> float:
 
 
 @posix_only
-def test_comprehensive_example_trainer(runner, tmp_path):
+def test_comprehensive_example_trainer(ranks, tmp_path):
     ckpt = tmp_path / "ckpt"
     args = ["--epochs", "2", "--samples", "2000", "--checkpoint-dir", ckpt, "--out", tmp_path / "m.cyxmodel"]
-    out, err = runner.run(launch(2, "distributed_training_example.py", *args), clean_env(MASTER_PORT=free_port()))
+    out, err = ranks.command(launch(2, "distributed_training_example.py", *args), rank_env(MASTER_PORT=free_port()))
     rank0, rank1 = rank_lines(out, 0), rank_lines(out, 1)
     assert rank1 == [], "rank 1 printed:\n" + out
     assert len(epoch_lines(rank0)) >= 2, out + err
@@ -208,16 +131,16 @@ def test_comprehensive_example_trainer(runner, tmp_path):
     check_model(tmp_path / "m.cyxmodel")
 
     # --resume: a longer run continues after the newest checkpoint instead of starting over.
-    out, err = runner.run(launch(2, "distributed_training_example.py", *args[2:], "--epochs", "3", "--resume"),
-                          clean_env(MASTER_PORT=free_port()))
+    out, err = ranks.command(launch(2, "distributed_training_example.py", *args[2:], "--epochs", "3", "--resume"),
+                             rank_env(MASTER_PORT=free_port()))
     assert "trained epochs 3..3" in out, out + err
     assert "checkpoint_epoch_0003.ckpt" in {p.name for p in ckpt.iterdir()}
 
 
-def test_comprehensive_example_low_level(runner, tmp_path):
+def test_comprehensive_example_low_level(ranks, tmp_path):
     args = ["--low-level", "--epochs", "2", "--samples", "2000", "--accumulation-steps", "2",
             "--scale-lr", "sqrt", "--checkpoint-dir", tmp_path / "ckpt", "--out", tmp_path / "low.cyxmodel"]
-    (out0, err0), (out1, err1) = run_by_hand(runner, 2, python("distributed_training_example.py", *args))
+    (out0, err0), (out1, err1) = run_by_hand(ranks, 2, python("distributed_training_example.py", *args))
     assert out1.strip() == "", "rank 1 printed on stdout:\n" + out1
     assert len(epoch_lines(out0)) == 2, out0 + err0
     assert parse_test_accuracy(out0) > 0.8, out0
@@ -230,19 +153,19 @@ def test_comprehensive_example_low_level(runner, tmp_path):
 
 # ---- examples/digits_distributed.py --------------------------------------------------------------
 
-def test_digits_two_ranks(runner, tmp_path):
+def test_digits_two_ranks(ranks, tmp_path):
     pytest.importorskip("sklearn", reason="examples/digits_distributed.py needs scikit-learn")
-    (out0, err0), (out1, _) = run_by_hand(runner, 2, python("digits_distributed.py", "--out", tmp_path / "d.cyxmodel"))
+    (out0, err0), (out1, _) = run_by_hand(ranks, 2, python("digits_distributed.py", "--out", tmp_path / "d.cyxmodel"))
     assert out1.strip() == "", "rank 1 printed on stdout:\n" + out1
     assert parse_test_accuracy(out0) > 0.9, out0 + err0
     check_model(tmp_path / "d.cyxmodel", features=64)
 
 
-def test_digits_without_sklearn_says_so(runner, tmp_path):
+def test_digits_without_sklearn_says_so(ranks, tmp_path):
     """Without scikit-learn the example exits with a message naming the package, not a traceback."""
     (tmp_path / "sklearn.py").write_text("raise ImportError('scikit-learn is not installed (simulated)')\n")
-    rc, out, err = runner.wait(runner.start(python("digits_distributed.py"), clean_env(PYTHONPATH=tmp_path)))
-    assert rc != 0 and "pip install scikit-learn" in err and "Traceback" not in err, err
+    r = ranks.finish(ranks.popen(python("digits_distributed.py"), rank_env(PYTHONPATH=tmp_path)))
+    assert r.rc != 0 and "pip install scikit-learn" in r.err and "Traceback" not in r.err, r.err
 
 
 # ---- examples/slurm/train.sbatch -----------------------------------------------------------------
@@ -276,7 +199,7 @@ def test_slurm_script_syntax():
 
 
 @posix_only
-def test_slurm_script_runs_under_a_simulated_srun(runner, tmp_path):
+def test_slurm_script_runs_under_a_simulated_srun(ranks, tmp_path):
     """The sbatch script itself, with srun/scontrol stand-ins: the ranks find each other from the
     SLURM_* variables alone (no RANK/WORLD_SIZE), train, and rank 0 saves the model."""
     bin_dir = tmp_path / "bin"
@@ -288,11 +211,11 @@ def test_slurm_script_runs_under_a_simulated_srun(runner, tmp_path):
     port = free_port()
     while not 20000 < port < 40000:               # the script derives MASTER_PORT = 20000 + job id % 20000
         port = free_port()
-    env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_ID=port - 20000,
-                    SLURM_NTASKS=2, SLURM_JOB_NUM_NODES=1, SLURM_JOB_NODELIST="localhost", SLURM_CPUS_PER_TASK=1)
-    runner.cwd = ROOT                             # the script runs examples/... from the repository root
-    out, err = runner.run(["bash", SBATCH, "--epochs", "2", "--samples", "1000", "--checkpoint-dir", tmp_path / "ckpt",
-                           "--out", tmp_path / "slurm.cyxmodel"], env)
+    env = rank_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_ID=port - 20000,
+                   SLURM_NTASKS=2, SLURM_JOB_NUM_NODES=1, SLURM_JOB_NODELIST="localhost", SLURM_CPUS_PER_TASK=1)
+    # The script runs examples/... from the repository root.
+    out, err = ranks.command(["bash", SBATCH, "--epochs", "2", "--samples", "1000", "--checkpoint-dir",
+                              tmp_path / "ckpt", "--out", tmp_path / "slurm.cyxmodel"], env, cwd=ROOT)
     assert f"rendezvous on localhost:{port}" in out, out + err
     assert len(epoch_lines(out)) == 2, "expected rank 0's two epoch lines only:\n" + out + err
     assert "saved " in out and "(rank 0 of 2)" in out, out + err

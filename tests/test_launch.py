@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import alive, clean_env, free_port, kill, kill_group, kill_recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "pycyxwiz.launch"]
@@ -56,85 +57,41 @@ def script(tmp_path: Path, name: str, body: str) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """Our environment without any launcher's variables (pytest itself may run under one)."""
-    drop = re.compile(r"(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|GROUP_RANK|MASTER_ADDR|MASTER_PORT"
-                      r"|CYXWIZ_.*|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*)")
-    env = {k: v for k, v in os.environ.items() if not drop.fullmatch(k)}
-    env.update(extra)
-    return env
-
-
-def _alive(pid: int, tmp_path: Path) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False  # not ours any more: the pid was reused
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():  # Linux: a zombie is dead; a process not from this test is not ours
-        try:
-            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            return False
-        return str(tmp_path) in cmdline or cwd.startswith(str(tmp_path))
-    return True
-
-
 def rank_pids(tmp_path: Path) -> dict[int, int]:
     """rank -> pid of every rank that started."""
     pids = tmp_path / "pids"
     return {int(p.read_text()): int(p.name) for p in pids.iterdir()} if pids.exists() else {}
 
 
-def kill_leftovers(proc: subprocess.Popen, tmp_path: Path) -> list[int]:
+def kill_leftovers(ranks, proc: subprocess.Popen) -> list[int]:
     """Kill what is still running; return the ranks' pids that were (none, after a good launcher)."""
     if not POSIX:
         proc.kill()
         return []
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    left = [int(p.name) for p in (tmp_path / "pids").glob("*") if _alive(int(p.name), tmp_path)]
-    for pid in left:  # ranks live in their own sessions
-        os.kill(pid, signal.SIGKILL)
-    return left
+    kill_group(proc.pid)
+    return kill_recorded(ranks.tmp_path / "pids", ranks.tmp_path)  # ranks live in their own sessions
 
 
-def start(args: list[str], tmp_path: Path, env: dict[str, str] | None = None,
+def start(ranks, args: list[str], env: dict[str, str] | None = None,
           command: list[str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen((command or LAUNCH) + args, cwd=tmp_path, env=env or clean_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=POSIX)
+    return ranks.popen((command or LAUNCH) + args, env or clean_env(), text=False)
 
 
-def finish(proc: subprocess.Popen, tmp_path: Path) -> subprocess.CompletedProcess:
+def finish(ranks, proc: subprocess.Popen) -> subprocess.CompletedProcess:
     """Wait for the launcher (hard timeout), then check that it left no rank running."""
-    left: list[int] = []
     try:
-        out, err = proc.communicate(timeout=TIMEOUT)
+        [result] = ranks.wait([proc], TIMEOUT)  # kills the launcher at the deadline
     finally:
-        left = kill_leftovers(proc, tmp_path)
-        if proc.returncode is None:
-            proc.communicate()
-    stderr = err.decode("utf-8", "replace")
+        left = kill_leftovers(ranks, proc)
+    stderr = result.err.decode("utf-8", "replace")
+    assert result.rc is not None, f"the launcher did not finish within {TIMEOUT} s; its stderr:\n{stderr}"
     assert not left, f"the launcher exited but left ranks running (pids {left}); its stderr:\n{stderr}"
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, stderr)
+    return subprocess.CompletedProcess(proc.args, result.rc, result.out, stderr)
 
 
-def launch(args: list[str], tmp_path: Path, env: dict[str, str] | None = None,
+def launch(ranks, args: list[str], env: dict[str, str] | None = None,
            command: list[str] | None = None) -> subprocess.CompletedProcess:
-    return finish(start(args, tmp_path, env, command), tmp_path)
+    return finish(ranks, start(ranks, args, env, command))
 
 
 def read_envs(out: Path) -> dict[int, dict]:
@@ -153,12 +110,12 @@ def wait_for_files(paths: list[Path], proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize("n", [1, 3])
-def test_each_rank_gets_its_environment(tmp_path, n):
+def test_each_rank_gets_its_environment(ranks, tmp_path, n):
     s = script(tmp_path, "env.py", ENV_DUMP)
     port = free_port()
     env = clean_env(RANK="7", SLURM_PROCID="5", SLURM_NTASKS="8", OMPI_COMM_WORLD_RANK="3", PMI_SIZE="9")
-    result = launch(["--nproc-per-node", str(n), "--master-port", str(port), str(s), str(tmp_path / "a")],
-                    tmp_path, env)
+    result = launch(ranks, ["--nproc-per-node", str(n), "--master-port", str(port), str(s), str(tmp_path / "a")],
+                    env)
     assert result.returncode == 0, result.stderr
     envs = read_envs(tmp_path / "a")
     assert set(envs) == set(range(n))
@@ -176,8 +133,8 @@ def test_each_rank_gets_its_environment(tmp_path, n):
     assert envs[0]["CYXWIZ_JOB_ID"] in result.stderr
 
     if n > 1:  # a second launch is another job
-        again = launch(["--nproc-per-node", str(n), "--master-port", str(port), str(s), str(tmp_path / "b")],
-                       tmp_path, env)
+        again = launch(ranks, ["--nproc-per-node", str(n), "--master-port", str(port), str(s), str(tmp_path / "b")],
+                       env)
         assert again.returncode == 0, again.stderr
         assert read_envs(tmp_path / "b")[0]["CYXWIZ_JOB_ID"] != envs[0]["CYXWIZ_JOB_ID"]
 
@@ -192,9 +149,9 @@ sys.stdout.write("no newline at the end")
 """
 
 
-def test_every_line_is_prefixed_with_its_rank_on_the_same_stream(tmp_path):
+def test_every_line_is_prefixed_with_its_rank_on_the_same_stream(ranks, tmp_path):
     s = script(tmp_path, "out.py", OUTPUT)
-    result = launch(["--nproc-per-node", "2", "--master-port", str(free_port()), str(s)], tmp_path)
+    result = launch(ranks, ["--nproc-per-node", "2", "--master-port", str(free_port()), str(s)])
     assert result.returncode == 0, result.stderr
     lines = result.stdout.split(b"\n")
     assert lines.pop() == b""  # the unterminated last line was given its newline
@@ -207,20 +164,20 @@ def test_every_line_is_prefixed_with_its_rank_on_the_same_stream(tmp_path):
     assert all(line.startswith(("[rank ", "[launch] ")) for line in result.stderr.splitlines())
 
 
-def test_no_prefix_passes_output_through_unchanged(tmp_path):
+def test_no_prefix_passes_output_through_unchanged(ranks, tmp_path):
     s = script(tmp_path, "out.py", OUTPUT)
-    result = launch(["--nproc-per-node", "1", "--no-prefix", "--master-port", str(free_port()), str(s)], tmp_path)
+    result = launch(ranks, ["--nproc-per-node", "1", "--no-prefix", "--master-port", str(free_port()), str(s)])
     assert result.returncode == 0, result.stderr
     assert result.stdout == b"first from 0\npart-one\nbytes \xff\xfe end\nno newline at the end"
     assert "warning from 0" in result.stderr.splitlines()
 
 
 @pytest.mark.parametrize("form", ["script", "command", "module"])
-def test_script_command_and_module_targets_get_their_own_flags(tmp_path, form):
+def test_script_command_and_module_targets_get_their_own_flags(ranks, tmp_path, form):
     s = script(tmp_path, "argsmod.py", 'print("ARGS " + json.dumps(sys.argv[1:]))\n')
     target_args = ["--nproc-per-node", "9", "--", "two words"]
     target = {"script": [str(s)], "command": ["--", sys.executable, str(s)], "module": ["-m", "argsmod"]}[form]
-    result = launch(["--nproc-per-node", "2", "--master-port", str(free_port()), *target, *target_args], tmp_path)
+    result = launch(ranks, ["--nproc-per-node", "2", "--master-port", str(free_port()), *target, *target_args])
     assert result.returncode == 0, result.stderr
     for r in (0, 1):
         assert f"[rank {r}] ARGS {json.dumps(target_args)}".encode() in result.stdout.splitlines()
@@ -232,7 +189,7 @@ def test_script_command_and_module_targets_get_their_own_flags(tmp_path, form):
 
 
 @posix_only
-def test_failing_rank_stops_the_others_and_sets_the_exit_code(tmp_path):
+def test_failing_rank_stops_the_others_and_sets_the_exit_code(ranks, tmp_path):
     s = script(tmp_path, "fail.py", """
         if RANK == 1:
             wait_for("ready.0", "ready.2")
@@ -244,8 +201,7 @@ def test_failing_rank_stops_the_others_and_sets_the_exit_code(tmp_path):
         time.sleep(600)
     """)
     began = time.monotonic()
-    result = launch(["--nproc-per-node", "3", "--kill-timeout", "1", "--master-port", str(free_port()), str(s)],
-                    tmp_path)
+    result = launch(ranks, ["--nproc-per-node", "3", "--kill-timeout", "1", "--master-port", str(free_port()), str(s)])
     assert result.returncode == 3, result.stderr
     assert time.monotonic() - began < 30
     pids = rank_pids(tmp_path)
@@ -257,7 +213,7 @@ def test_failing_rank_stops_the_others_and_sets_the_exit_code(tmp_path):
 
 
 @posix_only
-def test_rank_killed_by_a_signal_exits_128_plus_signal(tmp_path):
+def test_rank_killed_by_a_signal_exits_128_plus_signal(ranks, tmp_path):
     s = script(tmp_path, "kill.py", """
         if RANK == 0:
             wait_for("ready.1")
@@ -265,7 +221,7 @@ def test_rank_killed_by_a_signal_exits_128_plus_signal(tmp_path):
         (HERE / f"ready.{RANK}").touch()
         time.sleep(600)
     """)
-    result = launch(["--nproc-per-node", "2", "--master-port", str(free_port()), str(s)], tmp_path)
+    result = launch(ranks, ["--nproc-per-node", "2", "--master-port", str(free_port()), str(s)])
     assert result.returncode == 137, result.stderr
     assert "was killed by SIGKILL" in result.stderr
     assert set(rank_pids(tmp_path)) == {0, 1}  # and finish() found rank 1 gone with the launcher
@@ -273,7 +229,7 @@ def test_rank_killed_by_a_signal_exits_128_plus_signal(tmp_path):
 
 @posix_only
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda sig: sig.name)
-def test_signal_to_the_launcher_is_forwarded_once_to_every_rank(tmp_path, sig):
+def test_signal_to_the_launcher_is_forwarded_once_to_every_rank(ranks, tmp_path, sig):
     s = script(tmp_path, "trap.py", """
         def record(signum, frame):
             with open(HERE / f"got.{RANK}", "a") as f:
@@ -284,12 +240,12 @@ def test_signal_to_the_launcher_is_forwarded_once_to_every_rank(tmp_path, sig):
         (HERE / f"ready.{RANK}").touch()
         time.sleep(600)
     """)
-    proc = start(["--nproc-per-node", "2", "--master-port", str(free_port()), str(s)], tmp_path)
+    proc = start(ranks, ["--nproc-per-node", "2", "--master-port", str(free_port()), str(s)])
     try:
         wait_for_files([tmp_path / "ready.0", tmp_path / "ready.1"], proc)
         os.kill(proc.pid, sig)
     finally:
-        result = finish(proc, tmp_path)
+        result = finish(ranks, proc)
     assert result.returncode == 128 + sig, result.stderr
     for r in (0, 1):
         assert (tmp_path / f"got.{r}").read_text() == f"{sig.name}\n"
@@ -297,15 +253,14 @@ def test_signal_to_the_launcher_is_forwarded_once_to_every_rank(tmp_path, sig):
 
 
 @posix_only
-def test_second_signal_kills_ranks_that_ignore_the_first(tmp_path):
+def test_second_signal_kills_ranks_that_ignore_the_first(ranks, tmp_path):
     s = script(tmp_path, "stubborn.py", """
         signal.signal(signal.SIGTERM, lambda signum, frame: (HERE / f"term.{RANK}").touch())  # and go on
         (HERE / f"ready.{RANK}").touch()
         while True:
             time.sleep(1)
     """)
-    proc = start(["--nproc-per-node", "2", "--kill-timeout", "50", "--master-port", str(free_port()), str(s)],
-                 tmp_path)
+    proc = start(ranks, ["--nproc-per-node", "2", "--kill-timeout", "50", "--master-port", str(free_port()), str(s)])
     try:
         wait_for_files([tmp_path / "ready.0", tmp_path / "ready.1"], proc)
         os.kill(proc.pid, signal.SIGTERM)
@@ -313,7 +268,7 @@ def test_second_signal_kills_ranks_that_ignore_the_first(tmp_path):
         began = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
     finally:
-        result = finish(proc, tmp_path)
+        result = finish(ranks, proc)
     assert result.returncode == 143, result.stderr
     assert time.monotonic() - began < 20  # not the 50 s of --kill-timeout
     assert "a second signal to the launcher" in result.stderr
@@ -338,37 +293,37 @@ def child_pids(tmp_path: Path) -> list[int]:
 
 def kill_pids(pids: list[int], tmp_path: Path) -> None:
     for pid in pids:
-        if _alive(pid, tmp_path):
-            os.kill(pid, signal.SIGKILL)
+        if alive(pid, tmp_path):
+            kill(pid)
 
 
 @posix_only
 @pytest.mark.parametrize("exit_code", [0, 3], ids=["success", "failure"])
-def test_children_of_ranks_that_exited_are_stopped_at_the_end(tmp_path, exit_code):
+def test_children_of_ranks_that_exited_are_stopped_at_the_end(ranks, tmp_path, exit_code):
     s = script(tmp_path, "forks.py", FORKS)
     try:
-        result = launch(["--nproc-per-node", "2", "--kill-timeout", "2", "--master-port", str(free_port()), str(s),
-                         "0", str(exit_code)], tmp_path)
+        result = launch(ranks, ["--nproc-per-node", "2", "--kill-timeout", "2", "--master-port", str(free_port()),
+                                str(s), "0", str(exit_code)])
         assert result.returncode == exit_code, result.stderr
         children = child_pids(tmp_path)
         assert len(children) == 2, result.stderr
         deadline = time.monotonic() + 2
-        while any(_alive(pid, tmp_path) for pid in children) and time.monotonic() < deadline:
+        while any(alive(pid, tmp_path) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.05)
-        left = [pid for pid in children if _alive(pid, tmp_path)]
+        left = [pid for pid in children if alive(pid, tmp_path)]
         assert not left, f"children of ranks (pids {left}) outlived the launcher; its stderr:\n{result.stderr}"
     finally:
         kill_pids(child_pids(tmp_path), tmp_path)
 
 
 @posix_only
-def test_ranks_and_their_children_end_when_the_launcher_is_killed(tmp_path):
+def test_ranks_and_their_children_end_when_the_launcher_is_killed(ranks, tmp_path):
     s = script(tmp_path, "forks.py", FORKS + """
     (HERE / f"ready.{RANK}").touch()
     time.sleep(600)
     """)
-    proc = start(["--nproc-per-node", "2", "--kill-timeout", "2", "--master-port", str(free_port()), str(s),
-                  "-1", "0"], tmp_path)
+    proc = start(ranks, ["--nproc-per-node", "2", "--kill-timeout", "2", "--master-port", str(free_port()), str(s),
+                         "-1", "0"])
     try:
         wait_for_files([tmp_path / "ready.0", tmp_path / "ready.1"], proc)
         ours = list(rank_pids(tmp_path).values()) + child_pids(tmp_path)
@@ -376,19 +331,19 @@ def test_ranks_and_their_children_end_when_the_launcher_is_killed(tmp_path):
         os.kill(proc.pid, signal.SIGKILL)  # as the OOM killer would: no chance to forward anything
         proc.wait(timeout=10)
         deadline = time.monotonic() + 3
-        while any(_alive(pid, tmp_path) for pid in ours) and time.monotonic() < deadline:
+        while any(alive(pid, tmp_path) for pid in ours) and time.monotonic() < deadline:
             time.sleep(0.05)
-        left = [pid for pid in ours if _alive(pid, tmp_path)]
+        left = [pid for pid in ours if alive(pid, tmp_path)]
         assert not left, f"ranks and their children (pids {left}) outlived the SIGKILLed launcher by 3 s"
         stderr = proc.communicate(timeout=10)[1].decode()
         assert f"[launch] the launcher (pid {proc.pid}) died: stopping the process groups" in stderr, stderr
     finally:
         kill_pids(child_pids(tmp_path), tmp_path)
-        kill_leftovers(proc, tmp_path)
+        kill_leftovers(ranks, proc)
         proc.communicate(timeout=10)
 
 
-def test_max_restarts_restarts_the_whole_group_with_a_new_job_id(tmp_path):
+def test_max_restarts_restarts_the_whole_group_with_a_new_job_id(ranks, tmp_path):
     s = script(tmp_path, "flaky.py", """
         attempt = os.environ["CYXWIZ_RESTART_COUNT"]
         with open(HERE / "attempts.log", "a") as f:
@@ -396,8 +351,7 @@ def test_max_restarts_restarts_the_whole_group_with_a_new_job_id(tmp_path):
         if RANK == 1 and attempt == "0":
             sys.exit(4)
     """)
-    result = launch(["--nproc-per-node", "2", "--max-restarts", "2", "--master-port", str(free_port()), str(s)],
-                    tmp_path)
+    result = launch(ranks, ["--nproc-per-node", "2", "--max-restarts", "2", "--master-port", str(free_port()), str(s)])
     assert result.returncode == 0, result.stderr
     records = [line.split() for line in (tmp_path / "attempts.log").read_text().splitlines()]
     assert all(cyx == torch for _, cyx, torch, _ in records)
@@ -408,14 +362,13 @@ def test_max_restarts_restarts_the_whole_group_with_a_new_job_id(tmp_path):
     assert "failed with exit code 4" in result.stderr and "restart 1 of 2" in result.stderr
 
 
-def test_restarts_run_out_and_the_failure_is_the_exit_code(tmp_path):
+def test_restarts_run_out_and_the_failure_is_the_exit_code(ranks, tmp_path):
     s = script(tmp_path, "broken.py", """
         with open(HERE / "attempts.log", "a") as f:
             f.write(os.environ["CYXWIZ_RESTART_COUNT"] + "\\n")
         sys.exit(4)
     """)
-    result = launch(["--nproc-per-node", "1", "--max-restarts", "1", "--master-port", str(free_port()), str(s)],
-                    tmp_path)
+    result = launch(ranks, ["--nproc-per-node", "1", "--max-restarts", "1", "--master-port", str(free_port()), str(s)])
     assert result.returncode == 4, result.stderr
     assert (tmp_path / "attempts.log").read_text().split() == ["0", "1"]
     assert "giving up after 1 restart" in result.stderr
@@ -425,10 +378,10 @@ def test_restarts_run_out_and_the_failure_is_the_exit_code(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["0", "x", "-1", None])
-def test_bad_nproc_per_node_is_a_clear_error(tmp_path, value):
+def test_bad_nproc_per_node_is_a_clear_error(ranks, tmp_path, value):
     s = script(tmp_path, "env.py", ENV_DUMP)
     args = [] if value is None else ["--nproc-per-node", value]
-    result = launch([*args, str(s), str(tmp_path / "a")], tmp_path)
+    result = launch(ranks, [*args, str(s), str(tmp_path / "a")])
     assert result.returncode == 2
     assert "--nproc-per-node" in result.stderr
     if value is not None:
@@ -436,8 +389,8 @@ def test_bad_nproc_per_node_is_a_clear_error(tmp_path, value):
     assert not (tmp_path / "a").exists()
 
 
-def test_missing_target_is_a_clear_error(tmp_path):
-    result = launch(["--nproc-per-node", "2", str(tmp_path / "no_such_script.py")], tmp_path)
+def test_missing_target_is_a_clear_error(ranks, tmp_path):
+    result = launch(ranks, ["--nproc-per-node", "2", str(tmp_path / "no_such_script.py")])
     assert result.returncode == 2
     assert "no_such_script.py: no such script or command" in result.stderr
 
@@ -445,11 +398,11 @@ def test_missing_target_is_a_clear_error(tmp_path):
 # ------------------------------------------------------------------------------------- multi-node
 
 
-def test_node_0_prints_the_command_for_the_other_nodes_and_it_works(tmp_path):
+def test_node_0_prints_the_command_for_the_other_nodes_and_it_works(ranks, tmp_path):
     s = script(tmp_path, "env.py", ENV_DUMP)
     port = free_port()
     common = ["--nproc-per-node", "2", "--nnodes", "2", "--master-port", str(port)]
-    node0 = launch([*common, "--node-rank", "0", str(s), str(tmp_path / "a")], tmp_path)
+    node0 = launch(ranks, [*common, "--node-rank", "0", str(s), str(tmp_path / "a")])
     assert node0.returncode == 0, node0.stderr
     assert "cannot reach it" in node0.stderr  # 127.0.0.1 with two nodes
     printed = re.search(r"^\[launch\] on node 1 run: CYXWIZ_SECRET=([0-9a-f]{64}) (python -m pycyxwiz\.launch .*)$",
@@ -464,7 +417,7 @@ def test_node_0_prints_the_command_for_the_other_nodes_and_it_works(tmp_path):
 
     words = shlex.split(printed.group(2))
     # The printed command, as typed on node 1.
-    node1 = launch(words[1:], tmp_path, env=clean_env(CYXWIZ_SECRET=secret), command=[sys.executable])
+    node1 = launch(ranks, words[1:], env=clean_env(CYXWIZ_SECRET=secret), command=[sys.executable])
     assert node1.returncode == 0, node1.stderr
     envs = read_envs(tmp_path / "a")
     assert set(envs) == {0, 1, 2, 3}
@@ -475,14 +428,14 @@ def test_node_0_prints_the_command_for_the_other_nodes_and_it_works(tmp_path):
         assert e["NODE_RANK"] == e["GROUP_RANK"] == str(rank // 2)
 
     # Typed by hand without --job-id, node 1 still agrees with node 0.
-    typed = launch([*common, "--node-rank", "1", str(s), str(tmp_path / "b")], tmp_path)
+    typed = launch(ranks, [*common, "--node-rank", "1", str(s), str(tmp_path / "b")])
     assert typed.returncode == 0, typed.stderr
     assert {e["CYXWIZ_JOB_ID"] for e in read_envs(tmp_path / "b").values()} == {job_id}
 
 
-def test_node_rank_must_be_below_nnodes(tmp_path):
+def test_node_rank_must_be_below_nnodes(ranks, tmp_path):
     s = script(tmp_path, "env.py", ENV_DUMP)
-    result = launch(["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2", str(s), "x"], tmp_path)
+    result = launch(ranks, ["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2", str(s), "x"])
     assert result.returncode == 2
     assert "--node-rank must be in [0, 2)" in result.stderr
 
@@ -490,7 +443,7 @@ def test_node_rank_must_be_below_nnodes(tmp_path):
 # -------------------------------------------------------------------------------------------- ports
 
 
-def test_busy_default_port_is_replaced_by_a_free_one(tmp_path):
+def test_busy_default_port_is_replaced_by_a_free_one(ranks, tmp_path):
     holder = socket.socket()
     try:
         holder.bind(("0.0.0.0", 29500))
@@ -500,7 +453,7 @@ def test_busy_default_port_is_replaced_by_a_free_one(tmp_path):
         pytest.skip(f"cannot hold the default port 29500 busy for this test ({e}); something else has it")
     with holder:
         s = script(tmp_path, "env.py", ENV_DUMP)
-        result = launch(["--nproc-per-node", "1", str(s), str(tmp_path / "a")], tmp_path)
+        result = launch(ranks, ["--nproc-per-node", "1", str(s), str(tmp_path / "a")])
     assert result.returncode == 0, result.stderr
     port = read_envs(tmp_path / "a")[0]["MASTER_PORT"]
     assert port != "29500"
@@ -508,22 +461,22 @@ def test_busy_default_port_is_replaced_by_a_free_one(tmp_path):
 
 
 @pytest.mark.parametrize("value, problem", [("80x", "is not an integer"), ("70000", "is out of range")])
-def test_bad_master_port_variable_is_worded_as_init_words_it(tmp_path, value, problem):
+def test_bad_master_port_variable_is_worded_as_init_words_it(ranks, tmp_path, value, problem):
     s = script(tmp_path, "env.py", ENV_DUMP)
-    result = launch(["--nproc-per-node", "1", str(s), str(tmp_path / "a")], tmp_path, clean_env(MASTER_PORT=value))
+    result = launch(ranks, ["--nproc-per-node", "1", str(s), str(tmp_path / "a")], clean_env(MASTER_PORT=value))
     assert result.returncode == 1
     assert f"[launch] error: MASTER_PORT='{value}' {problem}: expected a TCP port, 1..65535" in result.stderr, \
         result.stderr
     assert not (tmp_path / "a").exists()
 
 
-def test_busy_explicit_port_fails_before_any_rank_starts(tmp_path):
+def test_busy_explicit_port_fails_before_any_rank_starts(ranks, tmp_path):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
         s = script(tmp_path, "env.py", ENV_DUMP)
-        result = launch(["--nproc-per-node", "2", "--master-port", str(port), str(s), str(tmp_path / "a")], tmp_path)
+        result = launch(ranks, ["--nproc-per-node", "2", "--master-port", str(port), str(s), str(tmp_path / "a")])
     assert result.returncode == 1
     assert f"master port {port} is already in use" in result.stderr and "--master-port" in result.stderr
     assert not (tmp_path / "a").exists()
@@ -534,17 +487,17 @@ def test_busy_explicit_port_fails_before_any_rank_starts(tmp_path):
 
 @posix_only
 @pytest.mark.parametrize("args", [[], ["2"], ["0", "python"], ["x", "python"], ["-1", "python"]])
-def test_shell_launcher_usage_errors(tmp_path, args):
-    result = launch(args, tmp_path, command=[str(ROOT / "launch_distributed.sh")])
+def test_shell_launcher_usage_errors(ranks, tmp_path, args):
+    result = launch(ranks, args, command=[str(ROOT / "launch_distributed.sh")])
     assert result.returncode == 2
     assert "usage: " in result.stderr
 
 
 @posix_only
-def test_shell_launcher_runs_the_command_on_n_ranks(tmp_path):
+def test_shell_launcher_runs_the_command_on_n_ranks(ranks, tmp_path):
     s = script(tmp_path, "env.py", ENV_DUMP)
     env = clean_env(PYTHON=sys.executable, LAUNCH_ARGS=f"--master-port {free_port()}")
-    result = launch(["2", sys.executable, str(s), str(tmp_path / "a")], tmp_path, env,
+    result = launch(ranks, ["2", sys.executable, str(s), str(tmp_path / "a")], env,
                     command=[str(ROOT / "launch_distributed.sh")])
     assert result.returncode == 0, result.stderr
     assert set(read_envs(tmp_path / "a")) == {0, 1}
@@ -580,35 +533,31 @@ if __name__ == "__main__":
 """
 
 
-def spawn_job(tmp_path: Path, mode: str) -> subprocess.Popen:
-    (tmp_path / "job.py").write_text(SPAWNED)
-    return subprocess.Popen([sys.executable, "job.py", mode], cwd=tmp_path, env=clean_env(CYXWIZ_NUM_THREADS="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+def spawn_job(ranks, mode: str) -> subprocess.Popen:
+    (ranks.tmp_path / "job.py").write_text(SPAWNED)
+    return ranks.popen([sys.executable, "job.py", mode], clean_env(CYXWIZ_NUM_THREADS="1"), text=False)
 
 
 def spawned_pids(tmp_path: Path) -> list[int]:
     return [int(p.read_text()) for p in [*tmp_path.glob("rank.*"), *tmp_path.glob("child.*")] if p.read_text()]
 
 
-def kill_spawned(proc: subprocess.Popen, tmp_path: Path) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    kill_pids(spawned_pids(tmp_path), tmp_path)
+def kill_spawned(ranks, proc: subprocess.Popen) -> None:
+    kill_group(proc.pid)
+    kill_pids(spawned_pids(ranks.tmp_path), ranks.tmp_path)
     proc.communicate(timeout=10)
 
 
 def wait_gone(pids: list[int], tmp_path: Path, seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
-    while any(_alive(pid, tmp_path) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(pid, tmp_path) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return [pid for pid in pids if _alive(pid, tmp_path)]
+    return [pid for pid in pids if alive(pid, tmp_path)]
 
 
 @posix_only
-def test_spawn_stops_the_children_of_ranks_that_returned(tmp_path):
-    proc = spawn_job(tmp_path, "return")
+def test_spawn_stops_the_children_of_ranks_that_returned(ranks, tmp_path):
+    proc = spawn_job(ranks, "return")
     try:
         out, err = proc.communicate(timeout=TIMEOUT)
         assert proc.returncode == 0 and out.strip() == b"[0, 1]", err.decode()
@@ -617,12 +566,12 @@ def test_spawn_stops_the_children_of_ranks_that_returned(tmp_path):
         left = wait_gone(pids, tmp_path, 2)
         assert not left, f"processes of spawn's ranks (pids {left}) outlived spawn(); stderr:\n{err.decode()}"
     finally:
-        kill_spawned(proc, tmp_path)
+        kill_spawned(ranks, proc)
 
 
 @posix_only
-def test_spawned_ranks_end_when_their_parent_is_killed(tmp_path):
-    proc = spawn_job(tmp_path, "sleep")
+def test_spawned_ranks_end_when_their_parent_is_killed(ranks, tmp_path):
+    proc = spawn_job(ranks, "sleep")
     try:
         deadline = time.monotonic() + 30
         while not all((tmp_path / f"ready.{r}").exists() for r in (0, 1)):
@@ -635,4 +584,4 @@ def test_spawned_ranks_end_when_their_parent_is_killed(tmp_path):
         left = wait_gone(pids, tmp_path, 3)
         assert not left, f"spawn's ranks and their children (pids {left}) outlived the SIGKILLed parent by 3 s"
     finally:
-        kill_spawned(proc, tmp_path)
+        kill_spawned(ranks, proc)

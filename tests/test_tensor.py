@@ -10,6 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from harness import clean_env
 
 import pycyxwiz as cx
 
@@ -198,7 +199,7 @@ def test_forward_accepts_a_float32_tensor():
 def _run_isolated(code):
     """Runs `code` in a fresh interpreter (a memory error there cannot take the test session down)."""
     proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=60, env=_clean_env())
+                          text=True, timeout=60, env=clean_env())
     assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     assert proc.stdout.strip().endswith("OK"), proc.stdout
 
@@ -449,7 +450,7 @@ def test_dropout_eval_mode_is_identity():
 def test_default_seed_is_the_same_in_every_process():
     code = "import pycyxwiz as cx; m = cx.LinearModule(3, 2); print(m.parameters()[0].tobytes().hex())"
     outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                           env=_clean_env()) for _ in range(2)]
+                           env=clean_env()) for _ in range(2)]
     for p in outs:
         assert p.returncode == 0, p.stderr
     assert outs[0].stdout == outs[1].stdout and outs[0].stdout.strip()
@@ -496,21 +497,10 @@ def test_model_format_error_is_a_value_error():
 # ----------------------------------------------------------------------------------- BLAS thread policy
 
 
-THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "CYXWIZ_NUM_THREADS", "GOTO_NUM_THREADS",
-               "OPENBLAS_DEFAULT_NUM_THREADS", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-               "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-
-
-def _clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
-    env.update(extra)
-    return env
-
-
 def _threads_in_fresh_process(**extra):
     code = "import pycyxwiz as cx; print(cx.get_num_threads()); print(cx.build_info()['blas_threads_policy'])"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env=_clean_env(**extra))
+                          env=clean_env(**extra))  # no inherited thread count or world size
     assert proc.returncode == 0, proc.stderr
     count, policy = proc.stdout.strip().split("\n", 1)
     return int(count), policy
@@ -569,7 +559,7 @@ def _import_error(value):
         """
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env=_clean_env(CYXWIZ_NUM_THREADS=value))
+                          env=clean_env(CYXWIZ_NUM_THREADS=value))
     assert proc.returncode == 0, proc.stderr
     assert not proc.stdout.startswith("IMPORTED"), f"import succeeded with CYXWIZ_NUM_THREADS={value!r}"
     kind, message = proc.stdout.split("\n", 1)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_scripts import RANK_PRELUDE, UNSET, free_port, outputs, run
+from harness import clean_env, free_port, kill_group, kill_recorded
+from trainer_scripts import RANK_PRELUDE, UNSET, outputs, run
 
 POSIX = os.name == "posix"
 
@@ -219,48 +219,19 @@ dump(tag, history=hist(h), params=params(model), digest=digest(model), attempt=a
 '''
 
 
-def _alive(pid: int, tmp_path: Path) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
-        cwd = os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        return False
-    return str(tmp_path) in cmdline or cwd.startswith(str(tmp_path))
-
-
-def launch(tmp_path: Path, args: list[str], timeout: float = 50) -> subprocess.CompletedProcess:
+def launch(ranks, args: list[str], timeout: float = 50) -> subprocess.CompletedProcess:
     """python -m pycyxwiz.launch in its own session, a hard timeout, then every rank it started is killed."""
-    drop = re.compile(r"(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|GROUP_RANK|MASTER_ADDR|MASTER_PORT"
-                      r"|CYXWIZ_.*|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*|PMIX_.*|DISTRIBUTED_.*)")
-    env = {k: v for k, v in os.environ.items() if not drop.fullmatch(k)}
-    env.update(CYXWIZ_NUM_THREADS="1", DISTRIBUTED_TIMEOUT_MS="20000")
-    proc = subprocess.Popen([sys.executable, "-m", "pycyxwiz.launch", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = ranks.popen([sys.executable, "-m", "pycyxwiz.launch", *args],
+                       clean_env(CYXWIZ_NUM_THREADS="1", DISTRIBUTED_TIMEOUT_MS="20000"), text=False)
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        out, err = b"", b""
+        [result] = ranks.wait([proc], timeout)  # kills the launcher and its group at the deadline
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        left = [int(p.name) for p in (tmp_path / "pids").glob("*") if _alive(int(p.name), tmp_path)]
-        for pid in left:  # ranks live in their own sessions
-            os.kill(pid, signal.SIGKILL)
-        if proc.returncode is None:
-            out2, err2 = proc.communicate()
-            out, err = out + out2, err + err2
-    stderr = err.decode("utf-8", "replace")
-    assert proc.returncode is not None and not left, \
+        kill_group(proc.pid)  # the group may outlive its leader
+        left = kill_recorded(ranks.tmp_path / "pids", ranks.tmp_path)  # ranks live in their own sessions
+    stderr = result.err.decode("utf-8", "replace")
+    assert result.rc is not None and not left, \
         f"the launcher timed out or left ranks running (pids {left}); its stderr:\n{stderr}"
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode("utf-8", "replace"), stderr)
+    return subprocess.CompletedProcess(proc.args, result.rc, result.out.decode("utf-8", "replace"), stderr)
 
 
 def attempts(tmp_path: Path, tag: str) -> list[tuple[int, str]]:
@@ -270,17 +241,17 @@ def attempts(tmp_path: Path, tag: str) -> list[tuple[int, str]]:
 
 @pytest.mark.skipif(not POSIX, reason="POSIX process groups")
 @pytest.mark.parametrize("crash", ["after-epoch-2", "mid-training"])
-def test_launcher_restart_resumes_from_the_latest_checkpoint(tmp_path, crash):
+def test_launcher_restart_resumes_from_the_latest_checkpoint(ranks, tmp_path, crash):
     script = tmp_path / "train_ft.py"
     script.write_text(textwrap.dedent(TRAIN_FT))
     common = ["--nproc-per-node", "2", "--max-restarts", "1", "--kill-timeout", "2"]
 
-    clean = launch(tmp_path, [*common, "--master-port", str(free_port()), str(script), "clean", "none"])
+    clean = launch(ranks, [*common, "--master-port", str(free_port()), str(script), "clean", "none"])
     assert clean.returncode == 0, clean.stderr
     assert attempts(tmp_path, "clean") == [(0, "0"), (1, "0")]
     want = outputs(tmp_path, "clean", 2)
 
-    crashed = launch(tmp_path, [*common, "--master-port", str(free_port()), str(script), "crashed", crash])
+    crashed = launch(ranks, [*common, "--master-port", str(free_port()), str(script), "crashed", crash])
     assert crashed.returncode == 0, crashed.stderr
     assert "restart 1 of 1" in crashed.stderr, crashed.stderr
     assert attempts(tmp_path, "crashed") == [(0, "0"), (0, "1"), (1, "0"), (1, "1")]

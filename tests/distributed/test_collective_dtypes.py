@@ -14,9 +14,9 @@ import json
 
 import numpy as np
 import pytest
+from harness import free_port
 from test_collectives import PRELUDE as BASE_PRELUDE
 from test_collectives import outputs
-from trainer_scripts import free_port
 
 import pycyxwiz as cx
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
+from harness import free_port
 
 import pycyxwiz as cx
 
@@ -39,12 +39,6 @@ def environ(monkeypatch):
             monkeypatch.setenv(k, v)
 
     return set_env
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fields(c) -> dict:

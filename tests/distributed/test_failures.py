@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+from harness import Ranks
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals (SIGKILL, SIGSTOP, SIGINT)")
 
@@ -136,11 +137,7 @@ class Watch:
 
     @staticmethod
     def kill(p: Proc) -> None:
-        for sig in (signal.SIGCONT, signal.SIGKILL):  # a stopped process dies of SIGKILL only once resumed
-            try:
-                os.killpg(p.popen.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        Ranks.kill(p.popen)
 
     def close(self) -> None:
         for p in self.procs:

@@ -14,14 +14,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from harness import free_port, kill_group, kill_recorded, rank_env
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the launchers are tested on POSIX (process groups)")
 
@@ -55,60 +54,17 @@ print("CXRESULT " + record, flush=True)
 D.finalize()
 '''
 
-# Variables that would give the ranks an identity the launcher did not: never inherited.
-FOREIGN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CYXWIZ_JOB_ID",
-           "DISTRIBUTED_BACKEND", "DISTRIBUTED_TIMEOUT_MS", "GROUP_RANK", "NODE_RANK")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in FOREIGN and not k.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_"))}
-    env.update({"CYXWIZ_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                "DISTRIBUTED_TIMEOUT_MS": "30000"})
-    env.update(extra or {})
-    return env
-
-
-def _kill_pid(pid: int) -> None:
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
-
-
-def launch(cmd: list[str], tmp_path: Path, env: dict, timeout: float = TIMEOUT) -> tuple[int, str, str]:
-    """Runs a launcher in its own session; kills it, its group and every rank that recorded its pid."""
-    script = tmp_path / "rank_script.py"
-    script.write_text(textwrap.dedent(RANK_SCRIPT))
-    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+def launch(ranks, cmd: list[str], timeout: float = TIMEOUT) -> tuple[int, str, str]:
+    """Runs a launcher in its own session (no launcher's variables inherited, one thread per rank, a 30 s
+    collective timeout); kills it, its group and every rank that recorded its pid."""
+    ranks.script(RANK_SCRIPT)
+    p = ranks.popen(cmd, rank_env(OMP_NUM_THREADS="1", DISTRIBUTED_TIMEOUT_MS="30000"))
     try:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_pid(p.pid)
-            out, err = p.communicate()
-            pytest.fail(f"{cmd} did not finish within {timeout} s\n--- stdout\n{out}\n--- stderr\n{err}")
-        return p.returncode, out, err
+        r = ranks.finish(p, timeout)  # fails the test, with the output, at the deadline
+        return r.rc, r.out, r.err
     finally:
-        if p.poll() is None:
-            _kill_pid(p.pid)
-            p.wait(timeout=10)
-        else:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # the group may outlive its leader
-            except (ProcessLookupError, PermissionError):
-                pass
-        pids = tmp_path / "pids"
-        for f in pids.iterdir() if pids.is_dir() else []:
-            _kill_pid(int(f.name))
+        kill_group(p.pid)  # the group may outlive its leader
+        kill_recorded(ranks.tmp_path / "pids", ranks.tmp_path)
 
 
 def results(tmp_path: Path, report: str) -> dict[int, dict]:
@@ -152,7 +108,7 @@ needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reas
     pytest.param("torchrun --standalone", marks=needs_torchrun),
     pytest.param("python -m torch.distributed.run", marks=needs_torch),
 ])
-def test_torchrun(tmp_path, how):
+def test_torchrun(ranks, tmp_path, how):
     if how == "torchrun":
         cmd = ["torchrun", "--nproc-per-node", "2", "--master-port", str(free_port())]
     elif how == "torchrun --standalone":
@@ -160,7 +116,7 @@ def test_torchrun(tmp_path, how):
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--master-port", str(free_port())]
-    rc, out, err = launch(cmd + ["rank_script.py"], tmp_path, clean_env())
+    rc, out, err = launch(ranks, cmd + ["rank_script.py"])
     report = fmt(rc, out, err)
     assert rc == 0, report
     recs = results(tmp_path, report)
@@ -175,7 +131,7 @@ def test_torchrun(tmp_path, how):
 
 
 @needs_torchrun
-def test_torchrun_when_the_port_after_master_port_is_taken(tmp_path):
+def test_torchrun_when_the_port_after_master_port_is_taken(ranks, tmp_path):
     """torchrun's agent holds MASTER_PORT; pycyxwiz's rendezvous moves on past a stranger on MASTER_PORT + 1."""
     port = free_port()
     with socket.socket() as stranger:
@@ -184,8 +140,8 @@ def test_torchrun_when_the_port_after_master_port_is_taken(tmp_path):
         except OSError:
             pytest.skip(f"port {port + 1} is not free here")
         stranger.listen()
-        rc, out, err = launch(["torchrun", "--nproc-per-node", "2", "--master-port", str(port), "rank_script.py"],
-                              tmp_path, clean_env())
+        rc, out, err = launch(ranks, ["torchrun", "--nproc-per-node", "2", "--master-port", str(port),
+                                      "rank_script.py"])
     report = fmt(rc, out, err)
     assert rc == 0, report
     check_collectives(results(tmp_path, report), 2, report)
@@ -208,14 +164,14 @@ def _open_mpi() -> str | None:
     return None
 
 
-def test_mpirun_open_mpi(tmp_path):
+def test_mpirun_open_mpi(ranks, tmp_path):
     why = _open_mpi()
     if why:
         pytest.skip(why)
     port = free_port()
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", "-x", f"MASTER_PORT={port}",
            "-x", "CYXWIZ_NUM_THREADS", "-x", "DISTRIBUTED_TIMEOUT_MS", sys.executable, "rank_script.py"]
-    rc, out, err = launch(cmd, tmp_path, clean_env())
+    rc, out, err = launch(ranks, cmd)
     report = fmt(rc, out, err)
     assert rc == 0, report
     recs = results(tmp_path, report)
@@ -231,13 +187,13 @@ def test_mpirun_open_mpi(tmp_path):
 # ------------------------------------------------------------------------------------ pycyxwiz.launch
 
 
-def test_pycyxwiz_launch(tmp_path):
+def test_pycyxwiz_launch(ranks, tmp_path):
     if importlib.util.find_spec("pycyxwiz.launch") is None:
         pytest.fail("python -m pycyxwiz.launch: the module pycyxwiz.launch is not installed")
     port = free_port()
     cmd = [sys.executable, "-m", "pycyxwiz.launch", "--nproc-per-node", "2", "--master-port", str(port),
            "rank_script.py"]
-    rc, out, err = launch(cmd, tmp_path, clean_env())
+    rc, out, err = launch(ranks, cmd)
     report = fmt(rc, out, err)
     assert rc == 0, report
     recs = results(tmp_path, report)

@@ -51,12 +51,7 @@ except Exception as e:
 def start_in(ranks, ns: str, rank: int, env: dict) -> subprocess.Popen:
     path = ranks.tmp_path / "cut_script.py"
     path.write_text(textwrap.dedent(CUT_SCRIPT))
-    p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, str(path)], env=ranks.env(rank, 2, env),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         cwd=ranks.tmp_path)
-    p.rank = rank  # type: ignore[attr-defined]
-    ranks.procs.append(p)
-    return p
+    return ranks.popen(["ip", "netns", "exec", ns, sys.executable, path], ranks.env(rank, 2, env), rank=rank)
 
 
 def wait_for_line(p: subprocess.Popen, tag: str, timeout: float) -> None:

@@ -138,12 +138,7 @@ def start_in(ranks, ns: str, rank: int, world: int, env: dict):
     path = ranks.tmp_path / "rank_script.py"
     if not path.exists():
         path.write_text(textwrap.dedent(RANK_SCRIPT))
-    e = ranks.env(rank, world, env)
-    p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, str(path)], env=e, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ranks.tmp_path)
-    p.rank = rank  # type: ignore[attr-defined]
-    ranks.procs.append(p)
-    return p
+    return ranks.popen(["ip", "netns", "exec", ns, sys.executable, path], ranks.env(rank, world, env), rank=rank)
 
 
 def records(out: str, tag: str) -> list[dict]:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from harness import free_port
 
 COMMON = r'''
 import json, os, sys, time
@@ -69,12 +70,6 @@ print(json.dumps(dict(rank=RANK, type=None, message="init() succeeded", elapsed=
 dist.finalize()
 sys.exit(3)
 '''
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def last_json(result) -> dict:

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from harness import clean_env
 
 import pycyxwiz as cx
 from test_rendezvous import FAILING_INIT, JOB, check_job, connect, last_json
@@ -248,25 +249,23 @@ open(os.path.join(sys.argv[1], f"{out['rank']}.json"), "w").write(json.dumps(out
 """
 
 
-def launch(tmp_path, args, env_extra=None):
-    env = {k: v for k, v in os.environ.items()
-           if not re.fullmatch(r"(RANK|WORLD_SIZE|LOCAL_RANK|MASTER_ADDR|MASTER_PORT|CYXWIZ_.*)", k)}
-    env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "pycyxwiz.launch", *args], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=90)
+def launch(ranks, args, env_extra=None) -> subprocess.CompletedProcess:
+    p = ranks.popen([sys.executable, "-m", "pycyxwiz.launch", *args], clean_env(**(env_extra or {})))
+    r = ranks.finish(p, 90)
+    return subprocess.CompletedProcess(p.args, r.rc, r.out, r.err)
 
 
 def read_outs(directory):
     return {int(p.stem): json.loads(p.read_text()) for p in directory.glob("*.json")}
 
 
-def test_the_launcher_gives_every_job_a_fresh_random_secret(tmp_path):
+def test_the_launcher_gives_every_job_a_fresh_random_secret(ranks, tmp_path):
     script = tmp_path / "dump.py"
     script.write_text(SECRET_DUMP)
     secrets_seen = []
     for run in ("a", "b"):
         (tmp_path / run).mkdir()
-        result = launch(tmp_path, ["--nproc-per-node", "2", str(script), str(tmp_path / run)])
+        result = launch(ranks, ["--nproc-per-node", "2", str(script), str(tmp_path / run)])
         assert result.returncode == 0, result.stderr
         outs = read_outs(tmp_path / run)
         assert [outs[r]["sum"] for r in (0, 1)] == [[2.0] * 3] * 2
@@ -276,7 +275,7 @@ def test_the_launcher_gives_every_job_a_fresh_random_secret(tmp_path):
         secrets_seen.append(secret)
     assert secrets_seen[0] != secrets_seen[1]
     (tmp_path / "c").mkdir()
-    result = launch(tmp_path, ["--nproc-per-node", "2", str(script), str(tmp_path / "c")], {"CYXWIZ_SECRET": "mine"})
+    result = launch(ranks, ["--nproc-per-node", "2", str(script), str(tmp_path / "c")], {"CYXWIZ_SECRET": "mine"})
     assert result.returncode == 0, result.stderr
     assert {o["secret"] for o in read_outs(tmp_path / "c").values()} == {"mine"}  # the user's own wins
 

@@ -5,13 +5,10 @@ that every rank process is gone afterwards, whatever happened."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import textwrap
 
 import pytest
+from harness import alive, clean_env, kill_group
 
 import pycyxwiz as cx
 
@@ -75,24 +72,15 @@ if __name__ == "__main__":
 '''
 
 
-def run_case(tmp_path, case: str, timeout: float = 60) -> dict:
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(SCRIPT))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CYXWIZ_JOB_ID")}
-    env["CYXWIZ_NUM_THREADS"] = "1"
-    p = subprocess.Popen([sys.executable, str(script), case], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+def run_case(ranks, case: str, timeout: float = 60) -> dict:
+    script = ranks.script(SCRIPT, "job.py")
+    p = ranks.popen([sys.executable, script, case], clean_env(CYXWIZ_NUM_THREADS="1"))
     try:
-        out, err = p.communicate(timeout=timeout)
+        r = ranks.finish(p, timeout)
     finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)  # the ranks are in the same session: none survives the test
-        except ProcessLookupError:
-            pass
-        p.wait()
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"rc={p.returncode}\n{out}\n{err}"
+        kill_group(p.pid)  # the ranks are in the same session: none survives the test
+    lines = [line for line in r.out.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"rc={r.rc}\n{r.out}\n{r.err}"
     return json.loads(lines[-1][len("RESULT "):])
 
 
@@ -100,48 +88,39 @@ def rank_pids(tmp_path) -> list[int]:
     return [int(f.read_text()) for f in sorted(tmp_path.glob("pid.*"))]
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
-        return f.read().split()[2] != "Z"
-
-
-def test_spawn_runs_the_ranks_and_returns_their_values(tmp_path):
-    rep = run_case(tmp_path, "ok")
+def test_spawn_runs_the_ranks_and_returns_their_values(ranks, tmp_path):
+    rep = run_case(ranks, "ok")
     assert rep["ok"], rep
     result = rep["result"]
     assert [r["rank"] for r in result] == [0, 1, 2] and [r["local_rank"] for r in result] == [0, 1, 2]
     assert all(r["world"] == 3 for r in result)
     assert all(r["sum"] == [2.0 * (1 + 2 + 3)] * 4 for r in result), result  # numpy oracle: sum of (rank+1)*2
     assert len({r["pid"] for r in result}) == 3, "the ranks must be separate processes"
-    assert not any(alive(r["pid"]) for r in result)
+    assert not any(alive(r["pid"], tmp_path) for r in result)
 
 
-def test_a_rank_that_raises_stops_the_others_with_its_traceback(tmp_path):
-    rep = run_case(tmp_path, "raises")
+def test_a_rank_that_raises_stops_the_others_with_its_traceback(ranks, tmp_path):
+    rep = run_case(ranks, "raises")
     assert not rep["ok"] and rep["rank"] == 1, rep
     assert "boom on purpose" in rep["msg"] and "Traceback" in rep["msg"], rep["msg"]
     assert rep["elapsed"] < 30, rep
     pids = rank_pids(tmp_path)
-    assert len(pids) == 2 and not any(alive(p) for p in pids), pids
+    assert len(pids) == 2 and not any(alive(p, tmp_path) for p in pids), pids
 
 
-def test_a_rank_that_exits_is_reported_with_its_exit_code(tmp_path):
-    rep = run_case(tmp_path, "exits")
+def test_a_rank_that_exits_is_reported_with_its_exit_code(ranks, tmp_path):
+    rep = run_case(ranks, "exits")
     assert not rep["ok"] and rep["rank"] == 0 and rep["exit_code"] == 7, rep
     assert "exited with code 7" in rep["msg"], rep["msg"]
-    assert not any(alive(p) for p in rank_pids(tmp_path))
+    assert not any(alive(p, tmp_path) for p in rank_pids(tmp_path))
 
 
-def test_timeout_stops_every_rank(tmp_path):
-    rep = run_case(tmp_path, "timeout")
+def test_timeout_stops_every_rank(ranks, tmp_path):
+    rep = run_case(ranks, "timeout")
     assert not rep["ok"] and rep["rank"] is None, rep
     assert "timeout of 3" in rep["msg"], rep["msg"]
     assert 3 <= rep["elapsed"] < 15, rep
-    assert not any(alive(p) for p in rank_pids(tmp_path))
+    assert not any(alive(p, tmp_path) for p in rank_pids(tmp_path))
 
 
 @pytest.mark.parametrize("kw", [{"nprocs": 0}, {"nprocs": 2, "nnodes": 2, "node_rank": 2},

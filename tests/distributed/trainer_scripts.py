@@ -4,8 +4,9 @@ JSON report per rank) and the helpers that run the ranks and read their reports.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
+
+from harness import free_port  # also imported from here by test_torch_backend.py
 
 # The head of every rank script. A test file appends its own lines; hist() reads the HISTORY tuple
 # that the file defines (which history fields it compares).
@@ -75,12 +76,6 @@ def dump(tag, **kw):
 # Environment of a run without any launcher variables: a world of one.
 UNSET = {"RANK": "<unset>", "WORLD_SIZE": "<unset>", "MASTER_ADDR": "<unset>", "MASTER_PORT": "<unset>",
          "LOCAL_RANK": "<unset>", "DISTRIBUTED_TIMEOUT_MS": "<unset>"}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(ranks, code: str, world_size: int, timeout: float = 45, **kw):

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from gpu_support import clean_env, free_port
+from harness import free_port, rank_env
 
 EMULATED = os.environ.get("CYXWIZ_CUDA_LIBRARY", "").endswith("libcyxwiz_cuda_emulated.so")
 pytestmark = pytest.mark.skipif(not EMULATED, reason="needs the host emulator (CYXWIZ_CUDA_LIBRARY=...emulated.so)")
@@ -51,8 +51,8 @@ print("RESULT " + json.dumps(out))
 
 
 def test_a_collective_that_never_completes_times_out_and_aborts():
-    env = clean_env(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                    DISTRIBUTED_BACKEND="nccl", DISTRIBUTED_TIMEOUT_MS="1500", CYXWIZ_EMULATED_NCCL_HANG="1")
+    env = rank_env(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   DISTRIBUTED_BACKEND="nccl", DISTRIBUTED_TIMEOUT_MS="1500", CYXWIZ_EMULATED_NCCL_HANG="1")
     proc = subprocess.run([sys.executable, "-c", HANGING_ALL_REDUCE], env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -18,9 +18,10 @@ import re
 
 import numpy as np
 import pytest
-from gpu_support import (COLLECTIVES_PRELUDE, DDP_PRELUDE, GPU_COUNT, assert_same_digest, check_model, clean_env,
-                         collective_reports, ddp_records, ddp_reports, epoch_lines, example_command, free_port,
-                         requires_gpu, requires_two_gpus)
+from gpu_support import (COLLECTIVES_PRELUDE, DDP_PRELUDE, GPU_COUNT, assert_same_digest, check_model,
+                         collective_reports, ddp_records, ddp_reports, epoch_lines, example_command, requires_gpu,
+                         requires_two_gpus)
+from harness import free_port, rank_env
 
 import pycyxwiz as cx
 
@@ -253,7 +254,7 @@ def test_ddp_on_the_gpu_matches_one_process(ranks, backend, world_size, kind):
 FINAL = re.compile(r"final loss ([0-9.]+), accuracy ([0-9.]+)")
 
 
-def test_quick_start_with_nccl_matches_the_cpu_run(runner, tmp_path):
+def test_quick_start_with_nccl_matches_the_cpu_run(ranks, tmp_path):
     """examples/quick_start.py at world size 1 with DISTRIBUTED_BACKEND=nccl (DDP moves the model to
     cuda:0) against the same script on the CPU backend. Both start from the engine's fixed default
     seed and see the same batches, so only float32 rounding differs (summation order in cuBLAS vs
@@ -263,12 +264,12 @@ def test_quick_start_with_nccl_matches_the_cpu_run(runner, tmp_path):
     about 10 Adam steps' worth. The reported loss and accuracy agree to 1e-3."""
     quick = {"QUICKSTART_EPOCHS": "2"}
     cpu_file, gpu_file = tmp_path / "cpu.cyxmodel", tmp_path / "gpu.cyxmodel"
-    out_c, err_c = runner.run(example_command("quick_start.py", "--out", cpu_file),
-                              clean_env(DISTRIBUTED_BACKEND="cpu", **quick), timeout=55)
-    out_g, err_g = runner.run(example_command("quick_start.py", "--out", gpu_file),
-                              clean_env(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, MASTER_ADDR="127.0.0.1",
-                                        MASTER_PORT=free_port(), DISTRIBUTED_BACKEND="nccl",
-                                        CYXWIZ_LOG_LEVEL="info", **quick), timeout=55)
+    out_c, err_c = ranks.command(example_command("quick_start.py", "--out", cpu_file),
+                                 rank_env(DISTRIBUTED_BACKEND="cpu", **quick), timeout=55)
+    out_g, err_g = ranks.command(example_command("quick_start.py", "--out", gpu_file),
+                                 rank_env(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, MASTER_ADDR="127.0.0.1",
+                                          MASTER_PORT=free_port(), DISTRIBUTED_BACKEND="nccl",
+                                          CYXWIZ_LOG_LEVEL="info", **quick), timeout=55)
     assert "NCCL backend ready on cuda:0" in err_g, "the run did not use NCCL on cuda:0:\n" + err_g
     assert "moved to cuda:0" in err_g, "DDP did not move the model to cuda:0:\n" + err_g
     assert len(epoch_lines(out_g)) == 2 and len(epoch_lines(out_c)) == 2, out_g + err_g + out_c + err_c

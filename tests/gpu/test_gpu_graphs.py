@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_support import DDP_PRELUDE, assert_same_digest, clean_env, ddp_reports, requires_gpu, requires_two_gpus
+from gpu_support import DDP_PRELUDE, assert_same_digest, ddp_reports, requires_gpu, requires_two_gpus
+from harness import rank_env
 
 pytestmark = requires_gpu
 
@@ -65,21 +66,21 @@ D.finalize()
 '''
 
 
-def fit(runner, tmp_path: Path, case: str, graphs: bool, **env) -> tuple[dict, str]:
-    """One fit in its own process, through the `runner` fixture (which kills it at the end)."""
+def fit(ranks, tmp_path: Path, case: str, graphs: bool, **env) -> tuple[dict, str]:
+    """One fit in its own process, through the `ranks` fixture (which kills it at the end)."""
     script = tmp_path / "fit.py"
     script.write_text(SCRIPT)
     out = tmp_path / f"{case}-{int(graphs)}.json"
-    _, stderr = runner.run([sys.executable, script, case, "1" if graphs else "0", out],
-                           clean_env(CYXWIZ_LOG_LEVEL="info", **env), timeout=120)
+    _, stderr = ranks.command([sys.executable, script, case, "1" if graphs else "0", out],
+                              rank_env(CYXWIZ_LOG_LEVEL="info", **env), timeout=120)
     return json.loads(out.read_text()), stderr
 
 
 @pytest.mark.parametrize("case", ["adamw-cross-entropy", "sgd-momentum-mse"])
-def test_graphed_fit_matches_the_eager_fit(runner, tmp_path, case):
+def test_graphed_fit_matches_the_eager_fit(ranks, tmp_path, case):
     case = "mse" if case.endswith("mse") else "ce"
-    eager, eager_log = fit(runner, tmp_path, case, False)
-    graphed, log = fit(runner, tmp_path, case, True)
+    eager, eager_log = fit(ranks, tmp_path, case, False)
+    graphed, log = fit(ranks, tmp_path, case, True)
     # 3 epochs x 7 batches: per epoch 6 full batches (1 eager warm-up in the first epoch, then replays)
     # and 1 short batch run eagerly.
     captured = re.findall(r"CUDA graph: captured the training step", log)
@@ -95,11 +96,11 @@ def test_graphed_fit_matches_the_eager_fit(runner, tmp_path, case):
     assert graphed["train_loss"][-1] < graphed["train_loss"][0], "the graphed fit did not learn"
 
 
-def test_graphed_fit_with_dropout_draws_the_eager_masks(runner, tmp_path):
+def test_graphed_fit_with_dropout_draws_the_eager_masks(ranks, tmp_path):
     """Dropout's seed is drawn on the host before each replay, in the order an eager step draws it, and
     read by the captured kernel from device memory: the graphed fit must equal the eager one."""
-    eager, _ = fit(runner, tmp_path, "dropout", False)
-    graphed, log = fit(runner, tmp_path, "dropout", True)
+    eager, _ = fit(ranks, tmp_path, "dropout", False)
+    graphed, log = fit(ranks, tmp_path, "dropout", True)
     assert "captured the training step" in log, log[-3000:]
     for key in ("train_loss", "train_acc", "val_loss"):
         np.testing.assert_allclose(graphed[key], eager[key], rtol=1e-5, atol=1e-6, err_msg=key)
@@ -112,12 +113,12 @@ EMULATOR = "emulat" in os.environ.get("CYXWIZ_CUDA_LIBRARY", "")
 
 @pytest.mark.skipif(not EMULATOR, reason="needs the tests' CUDA emulator (CYXWIZ_CUDA_LIBRARY), which can refuse a "
                                          "capture on demand")
-def test_a_refused_capture_falls_back_to_eager_steps_with_a_warning(runner, tmp_path):
+def test_a_refused_capture_falls_back_to_eager_steps_with_a_warning(ranks, tmp_path):
     """A runtime that refuses the captured graph (emulated: CYXWIZ_EMULATED_CAPTURE_FAIL=1) costs the
     speed-up, not the training: a warning names the error and the fit equals the eager one (the
     refused capture trained on nothing, so no batch is lost or trained twice)."""
-    eager, _ = fit(runner, tmp_path, "ce", False)
-    fallback, log = fit(runner, tmp_path, "ce", True, CYXWIZ_EMULATED_CAPTURE_FAIL=1)
+    eager, _ = fit(ranks, tmp_path, "ce", False)
+    fallback, log = fit(ranks, tmp_path, "ce", True, CYXWIZ_EMULATED_CAPTURE_FAIL=1)
     assert "CUDA graph: the training step could not be captured (cudaGraphInstantiate" in log, log[-3000:]
     assert "training without graphs" in log and "replayed" not in log
     assert fallback["steps"] == eager["steps"] == 3 * 7
@@ -158,14 +159,14 @@ D.finalize()
 '''
 
 
-def test_train_step_with_cuda_graphs_matches_the_eager_step(runner, tmp_path):
+def test_train_step_with_cuda_graphs_matches_the_eager_step(ranks, tmp_path):
     """cx.distributed.TrainStep in a hand-written loop: 2 epochs of 10 full batches and a short one.
     With cuda_graphs the first batch is eager, the second captured and replayed, every later full
     batch replayed (2 x 10 - 1 replays); the short ones run eagerly. Same weights and metrics as the
     eager steps."""
     script, out = tmp_path / "step.py", tmp_path / "step.json"
     script.write_text(STEP_SCRIPT)
-    runner.run([sys.executable, script, out], clean_env(), timeout=120)
+    ranks.command([sys.executable, script, out], rank_env(), timeout=120)
     result = json.loads(out.read_text())
     eager, graphed = result["False"], result["True"]
     assert not eager["graphed"] and eager["replays"] == 0

@@ -21,7 +21,8 @@ import sys
 
 import numpy as np
 import pytest
-from gpu_support import clean_env, free_port, requires_gpu
+from gpu_support import requires_gpu
+from harness import free_port, rank_env
 
 import pycyxwiz as cx
 
@@ -149,8 +150,8 @@ print("RESULT " + json.dumps(out), flush=True)
 D.finalize()
 ''')
     import subprocess
-    env = clean_env(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                    DISTRIBUTED_BACKEND="nccl")
+    env = rank_env(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   DISTRIBUTED_BACKEND="nccl")
     p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
     assert p.returncode == 0 and lines, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"

@@ -17,7 +17,8 @@ import sys
 
 import numpy as np
 import pytest
-from gpu_support import COLLECTIVES_PRELUDE, clean_env, collective_reports, free_port
+from gpu_support import COLLECTIVES_PRELUDE, collective_reports
+from harness import free_port, rank_env
 
 import pycyxwiz as cx
 
@@ -296,11 +297,11 @@ print("MAPS " + json.dumps(seen))
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps (Linux)")
 @pytest.mark.parametrize("stage", ["import", "cpu_training", "is_available"])
-def test_import_and_cpu_training_map_no_cuda_library(runner, tmp_path, stage):
+def test_import_and_cpu_training_map_no_cuda_library(ranks, tmp_path, stage):
     script = tmp_path / "maps.py"
     script.write_text(MAPS)
-    env = clean_env(RANK=0, WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
-    out, err = runner.run([sys.executable, script, stage], env, timeout=60)
+    env = rank_env(RANK=0, WORLD_SIZE=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
+    out, err = ranks.command([sys.executable, script, stage], env, timeout=60)
     lines = [line for line in out.splitlines() if line.startswith("MAPS ")]
     assert lines, out + err
     seen = json.loads(lines[-1][len("MAPS "):])

@@ -20,7 +20,8 @@ import json
 import sys
 
 import pytest
-from gpu_support import ROOT, clean_env, requires_two_gpus
+from gpu_support import ROOT, requires_two_gpus
+from harness import rank_env
 
 import pycyxwiz as cx
 
@@ -28,9 +29,10 @@ CHECKS = ROOT / "tests" / "gpu" / "checks"
 EMULATED = cx.cuda.is_available() and cx.cuda.get_device_name(0) == "pycyxwiz host emulator"
 
 
-def run_check(runner, script: str, args: list[str], timeout: float) -> tuple[int, dict, str]:
+def run_check(ranks, script: str, args: list[str], timeout: float) -> tuple[int, dict, str]:
     """(exit status, the check's JSON line, its output) of one check in its own session."""
-    rc, out, err = runner.wait(runner.start([sys.executable, CHECKS / script, *args], clean_env()), timeout)
+    r = ranks.finish(ranks.popen([sys.executable, CHECKS / script, *args], rank_env()), timeout)
+    rc, out, err = r.rc, r.out, r.err
     report = None
     for line in reversed(out.splitlines()):
         if line.startswith("{"):
@@ -40,10 +42,10 @@ def run_check(runner, script: str, args: list[str], timeout: float) -> tuple[int
     return rc, report, f"--- stdout\n{out}\n--- stderr\n{err[-4000:]}"
 
 
-def test_a_launch_after_a_not_ready_poll_succeeds(runner, gpu):
+def test_a_launch_after_a_not_ready_poll_succeeds(ranks, gpu):
     # The emulator's GEMMs run on the host: a small size, the number of GEMMs calibrated to 300 ms.
     args = ["--variant", "nccl", "--size", "256"] if EMULATED else []
-    rc, rep, log = run_check(runner, "notready_then_launch.py", args + ["--timeout", "90"], timeout=150)
+    rc, rep, log = run_check(ranks, "notready_then_launch.py", args + ["--timeout", "90"], timeout=150)
     nccl = rep["variants"].get("nccl", {})
     assert nccl.get("not_ready_seen"), f"Work.is_completed() never returned False: nothing was checked\n{log}"
     assert nccl.get("launch_error") is None, f"the launch after a NotReady poll failed: {nccl['launch_error']}\n{log}"
@@ -55,9 +57,9 @@ def test_a_launch_after_a_not_ready_poll_succeeds(runner, gpu):
 
 @requires_two_gpus
 @pytest.mark.parametrize("at_exit", [False, True], ids=["finalize", "atexit-finalize"])
-def test_finalize_with_a_graphed_step_alive_returns(runner, at_exit):
+def test_finalize_with_a_graphed_step_alive_returns(ranks, at_exit):
     args = ["--world-size", "2", "--bound", "8"] + (["--at-exit"] if at_exit else [])
-    rc, rep, log = run_check(runner, "finalize_with_graph_alive.py", args, timeout=240)
+    rc, rep, log = run_check(ranks, "finalize_with_graph_alive.py", args, timeout=240)
     assert rep["verdict"] != "hung", f"finalize hung with a graphed step alive ({rep.get('ranks')})\n{log}"
     for r in rep["ranks"]:
         assert r.get("graphed") and r.get("replays", 0) >= 1, f"rank {r.get('rank')}: the step was not graphed\n{log}"

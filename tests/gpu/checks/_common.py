@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the checks run as plain scripts too
+from harness import free_port  # noqa: E402
 
 PASS, FAIL, INCONCLUSIVE, HUNG = 0, 1, 2, 3
 EMULATOR_NAME = "pycyxwiz host emulator"
 
 # Launcher variables that would make cx.distributed.init() join some other job.
 _FOREIGN = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def nccl_env(rank: int, world_size: int, port: int, base: dict[str, str] | None = None) -> dict[str, str]:
