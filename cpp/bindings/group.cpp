@@ -25,6 +25,9 @@ using cyxwiz::bindings::released;
 namespace {
 
 std::shared_ptr<CpuBackend> makeGroup(DistributedConfig config, std::optional<std::function<void(int)>> servedOn) {
+  // As init() does: CYXWIZ_SPIN_US, CYXWIZ_RING_SLICE_BYTES and LOCAL_WORLD_SIZE (torchrun sets it;
+  // it decides whether a rank may spin) apply to every group too.
+  config.readTuning();
   // Port 0 is how rank 0 asks for a free port, which it then tells the others through servedOn.
   DistributedConfig checked = config;
   if (config.rank == 0 && config.masterPort == 0 && servedOn) checked.masterPort = 1;
