@@ -2,6 +2,7 @@
 // init, the asynchronous state, finalize, destroy and abort (see comm.h for the model).
 #include "nccl/comm.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -39,6 +40,10 @@ CommPtr unregister(ncclComm_t handle) {
   return c;
 }
 
+// Test hook (cxemu_test_nccl_hold): deferred work waits while set, so a self-test can look at the
+// "in progress" state without racing the 1-20 ms deferral on a loaded machine.
+std::atomic<bool> held{false};
+
 void helperLoop(ncclComm* c) {
   std::unique_lock<std::mutex> lock(c->mu);
   for (;;) {
@@ -46,6 +51,8 @@ void helperLoop(ncclComm* c) {
     if (c->stopHelper) return;
     const Clock::time_point due = c->tasks.front().due;
     if (c->cv.wait_until(lock, due, [c] { return c->stopHelper; })) return;
+    while (held.load() && !c->stopHelper) c->cv.wait_for(lock, std::chrono::milliseconds(1));
+    if (c->stopHelper) return;
     std::function<void()> run = std::move(c->tasks.front().run);
     c->tasks.pop_front();
     lock.unlock();
@@ -361,3 +368,5 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 }
 
 }  // extern "C"
+
+extern "C" __attribute__((visibility("default"))) void cxemu_test_nccl_hold(int on) { cxemu::nccl::held.store(on != 0); }

@@ -15,6 +15,8 @@
 #include <vector>
 
 extern "C" int cxemu_test_nccl_misuse();
+// Holds the emulated NCCL's deferred work, so that "right after" checks do not race it on a loaded machine.
+extern "C" void cxemu_test_nccl_hold(int on);
 
 namespace {
 
@@ -74,22 +76,26 @@ void initAndAllReduce(cudaStream_t s) {
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
   ncclComm_t c = nullptr;
+  cxemu_test_nccl_hold(1);
   check(ncclCommInitRankConfig(&c, 1, id, 0, &cfg) == ncclInProgress, "non-blocking init returns ncclInProgress");
   check(state(c) == ncclInProgress, "the state is ncclInProgress right after init");
   float* a = deviceFloats({1, 2, 3, 4}, s);
   float* b = deviceFloats({0, 0, 0, 0}, s);
   check(ncclAllReduce(a, b, 4, ncclFloat32, ncclSum, c, s) == ncclInvalidArgument,
         "a collective during init: ncclInvalidArgument (NCCL's ncclCommEnsureReady)");
+  cxemu_test_nccl_hold(0);
   check(await(c, 2000) == ncclSuccess, "init completes (ncclSuccess)");
   int n = 0, dev = -1, rank = -1;
   check(ncclCommCount(c, &n) == ncclSuccess && n == 1, "ncclCommCount");
   check(ncclCommCuDevice(c, &dev) == ncclSuccess && dev == 0, "ncclCommCuDevice");
   check(ncclCommUserRank(c, &rank) == ncclSuccess && rank == 0, "ncclCommUserRank");
 
+  cxemu_test_nccl_hold(1);
   check(ncclAllReduce(a, b, 4, ncclFloat32, ncclAvg, c, s) == ncclInProgress, "allreduce returns ncclInProgress");
   check(state(c) == ncclInProgress, "the state is ncclInProgress right after the allreduce");
   cudaStreamSynchronize(s);  // the collective is not on the stream yet
   check(hostFloats(b, 4, s) == std::vector<float>({0, 0, 0, 0}), "a sync before ncclSuccess misses the collective");
+  cxemu_test_nccl_hold(0);
   check(await(c, 2000) == ncclSuccess, "the allreduce is enqueued (ncclSuccess)");
   check(hostFloats(b, 4, s) == std::vector<float>({1, 2, 3, 4}), "1-rank allreduce (avg) copies send to recv");
   check(ncclCommFinalize(c) == ncclInProgress, "finalize returns ncclInProgress");
