@@ -139,7 +139,9 @@ std::shared_ptr<Work> CpuBackend::submit(CallSignature call, bool async, std::fu
     return work;
   }
   // Work issued earlier runs first; then this call runs here, with no hand-off to another thread.
+  ++waiters_;
   changed_.wait(lock, [this] { return closed_ || (queue_.empty() && !busy_); });
+  --waiters_;
   if (closed_) throw NetworkError(makeString(task.work->description(), ": finalize() was called on another thread before this call could start"));
   runLocked(lock, task, true);
   return work;
@@ -151,7 +153,9 @@ void CpuBackend::runLocked(std::unique_lock<std::mutex>& lock, Task& task, bool 
   execute(task, onCaller);
   lock.lock();
   busy_ = false;
-  changed_.notify_all();
+  // Wake only someone with something to do: an idle worker woken after every blocking call costs a
+  // context switch per call, about half the latency of a 4 KiB all-reduce on a busy host.
+  if (!queue_.empty() || stopping_ || waiters_ > 0) changed_.notify_all();
 }
 
 // The body goes (task.body = nullptr) before the work is finished, and never under mutex_: its

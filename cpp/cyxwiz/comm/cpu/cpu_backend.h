@@ -94,6 +94,7 @@ class CpuBackend final : public Backend {
   std::condition_variable changed_;
   std::deque<Task> queue_;
   bool busy_ = false;      // a task is running (on either thread)
+  int waiters_ = 0;        // blocking callers waiting for the backend to be free
   bool stopping_ = false;
   bool closed_ = false;
   std::atomic<bool> finalizing_{false};  // finalize() shut the links down under a call on another thread
