@@ -1,9 +1,23 @@
-"""All-reduce benchmark: pycyxwiz's TCP ring (cx.distributed) against Gloo (torch.distributed) and
-Open MPI over TCP (mpi4py), side by side in one run, on one machine over loopback.
+"""All-reduce benchmark: pycyxwiz (cx.distributed) over shared memory and over its TCP ring, against
+Open MPI over shared memory and over TCP (mpi4py) and Gloo (torch.distributed), side by side in one run,
+on one machine.
 
     python benchmarks/allreduce.py                                  # world sizes 2 4, 4 KiB..256 MiB, every library present
     python benchmarks/allreduce.py --quick                          # CI smoke run: 2 ranks, 4 KiB..1 MiB, pycyxwiz only
     python benchmarks/allreduce.py --world-sizes 2 --max-bytes 16777216 --repeats 2 --plot ar.png --json ar.json
+    python benchmarks/allreduce.py --backends pycyxwiz mpi-shm      # only the two shared-memory libraries
+
+Backends (--backends; default all, in this order, which is also the order of the columns), and their labels:
+  pycyxwiz      "pycyxwiz (shm)"  cx.distributed, CYXWIZ_TRANSPORT unset in the ranks (auto: shared memory when
+                                  all ranks are on one host); the label shows the get_config().transport the
+                                  ranks reported
+  mpi-shm       "Open MPI shm"    mpirun --mca pml ob1 --mca btl vader,self ("sm" instead of "vader" where
+                                  ompi_info lists no vader, as in Open MPI 5)
+  pycyxwiz-tcp  "pycyxwiz TCP"    cx.distributed with CYXWIZ_TRANSPORT=tcp in the ranks (the TCP ring)
+  mpi           "Open MPI TCP"    mpirun --mca pml ob1 --mca btl tcp,self (loopback)
+  gloo          "Gloo"            torch.distributed backend "gloo" (TCP loopback)
+Ratio columns "A/B" = B's median time / A's: pycyxwiz against each other backend, and pycyxwiz TCP against
+Open MPI TCP and Gloo (the TCP-only comparison of earlier results).
 
 Method (as in ../shared/BASELINES.md, "How to measure like the anchors"): float32, SUM, in place, one
 process per rank and one thread per rank, the same rank-side code for every library
@@ -12,20 +26,23 @@ barrier before each (n fills --seconds, at least 10, at most --max-iters); one c
 slowest rank's; the median over the calls is reported. Then n calls back to back without barriers
 (nccl-tests style): total time / n, slowest rank. algbw = bytes / time, busbw = algbw * 2(N-1)/N,
 1 GB = 1e9 bytes. The TCP loopback limit is measured in the same run (benchmarks/allreduce_loopback.py).
+The tables and the plot are drawn by benchmarks/allreduce_report.py.
 
 A library that is missing is skipped with the reason; one that fails or hangs is reported (every run
-has a timeout per size, and every process it started is killed) and the others go on.
+has a timeout per size, and every process it started is killed, and shared-memory files its ranks left
+are removed) and the others go on. Exit status 1 when pycyxwiz (either transport) was asked for and
+could not run or failed at some size.
 """
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import platform
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,30 +51,31 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import allreduce_loopback  # noqa: E402
+# Re-exported: train_throughput.py and gpu_step.py import md_table (and the process helpers) from here.
+from allreduce_report import BACKENDS, LABEL, busbw, human, labels, md_table, plot, print_tables, summarize  # noqa: E402,F401
+from allreduce_report import fmt_bw, legend  # noqa: E402
 
 WORKER = os.path.join(HERE, "allreduce_worker.py")
-ALL_BACKENDS = ["pycyxwiz", "gloo", "mpi"]
-LABEL = {"pycyxwiz": "pycyxwiz", "gloo": "Gloo", "mpi": "Open MPI"}
+ALL_BACKENDS = list(BACKENDS)
+LIBRARY = {"pycyxwiz": "pycyxwiz", "pycyxwiz-tcp": "pycyxwiz", "gloo": "gloo", "mpi": "mpi", "mpi-shm": "mpi"}
+CYXWIZ_FAMILY = ("pycyxwiz", "pycyxwiz-tcp")  # pycyxwiz itself: its failure sets the exit status
 MPIRUN_TCP = ["--allow-run-as-root", "--bind-to", "none", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
               "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
+
+
+def mpirun_shm(component, backing_dir=None):
+    """Open MPI over shared memory: the ob1 PML with the vader (Open MPI 3-4) or sm (Open MPI 5) BTL. The
+    segments go to a private directory in /dev/shm (same tmpfs as the default) so a killed job leaves none."""
+    return (["--allow-run-as-root", "--bind-to", "none", "--mca", "pml", "ob1", "--mca", "btl", f"{component},self",
+             "--mca", "oob_tcp_if_include", "lo"]
+            + (["--mca", f"btl_{component}_backing_directory", backing_dir] if backing_dir else []))
+
+
 START_TIMEOUT_S = 120.0  # imports (torch) and rendezvous on a busy 2-core machine
 
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
-
-
-def human(n):
-    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= k and n % k == 0:
-            return f"{n // k} {unit}"
-    return f"{n} B"
-
-
-def busbw(nbytes, us, world):
-    if not us or us <= 0:
-        return None
-    return nbytes / (us * 1e-6) / 1e9 * 2 * (world - 1) / world
 
 
 # ----------------------------------------------------------------- environment and versions
@@ -150,8 +168,24 @@ def versions():
             "error": (err.strip() or out.strip() or f"rc {rc}")[-200:]}
     else:
         v["mpirun"] = {"error": "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"}
+    v["ompi_shm"] = ompi_shm_component()
     v["iperf3"] = allreduce_loopback.iperf3_version()
     return v
+
+
+def ompi_shm_component():
+    """Open MPI's shared-memory BTL as `ompi_info` lists it: "vader" (Open MPI 3.x-4.x) or "sm" (5.x)."""
+    ompi_info = shutil.which("ompi_info")
+    if not ompi_info:
+        return {"error": "ompi_info not found (apt-get install openmpi-bin)"}
+    rc, out, err = run_text([ompi_info, "--parsable"], timeout=60)
+    if rc != 0:
+        return {"error": f"ompi_info failed: {(err.strip() or out.strip() or f'rc {rc}')[-200:]}"}
+    btls = sorted({ln.split(":")[2] for ln in out.splitlines() if ln.startswith("mca:btl:") and ln.count(":") > 3})
+    for name in ("vader", "sm"):
+        if name in btls:
+            return {"component": name, "btls": btls}
+    return {"error": f"ompi_info lists no shared-memory BTL (vader or sm); BTLs: {', '.join(btls) or 'none'}"}
 
 
 def availability(v):
@@ -160,6 +194,7 @@ def availability(v):
     p = v["pycyxwiz"]
     why["pycyxwiz"] = (f"import pycyxwiz failed: {p['error']}" if "error" in p else
                        None if p.get("distributed") else "this pycyxwiz has no cx.distributed.all_reduce")
+    why["pycyxwiz-tcp"] = why["pycyxwiz"]
     t = v["torch"]
     why["gloo"] = (f"import torch failed: {t['error']} (pip install torch)" if "error" in t else
                    None if t.get("gloo") else "torch.distributed has no Gloo backend")
@@ -170,6 +205,7 @@ def availability(v):
         why["mpi"] = f"import mpi4py failed: {m['error']} (pip install mpi4py, after Open MPI)"
     else:
         why["mpi"] = None
+    why["mpi-shm"] = why["mpi"] or v["ompi_shm"].get("error")
     return why
 
 
@@ -219,6 +255,38 @@ def kill_all(procs):
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+
+
+def remove_leftovers(backend, procs, args):
+    """After kill_all: the files this job's processes made and, killed, could not remove; returns those worth
+    reporting. pycyxwiz's rank 0 names its segment /dev/shm/cyxwiz-<its pid>-<random> and unlinks it once every
+    rank attached, so only a job killed during init leaves one. Files of other processes (tests running beside
+    the benchmark) are never touched: only names with our processes' pids, and our private directory."""
+    gone = []
+    if LIBRARY[backend] == "pycyxwiz":
+        for path in (f for p in procs for f in glob.glob(f"/dev/shm/cyxwiz-{p.pid}-*")):
+            try:
+                os.unlink(path)
+                gone.append(os.path.basename(path))
+            except OSError:
+                pass
+    elif LIBRARY[backend] == "mpi" and procs:
+        # A killed mpirun leaves its session directory, <TMPDIR>/ompi.<host>.<uid>/pid.<mpirun's pid>, and
+        # vader's segments (in this run's private directory): expected after a kill, so not reported.
+        if backend == "mpi-shm" and args.mpi_shm_dir:
+            for path in glob.glob(os.path.join(args.mpi_shm_dir, "*")):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    shutil.rmtree(path, ignore_errors=True)
+        base = os.environ.get("TMPDIR") or os.environ.get("TEMP") or os.environ.get("TMP") or "/tmp"
+        for path in glob.glob(os.path.join(base, "ompi.*", f"pid.{procs[0].pid}")):
+            shutil.rmtree(path, ignore_errors=True)
+            try:
+                os.rmdir(os.path.dirname(path))  # only when no other Open MPI job uses it
+            except OSError:
+                pass
+    return gone
 
 
 def size_budget(nbytes, world, seconds, cpus, override=None):
@@ -272,18 +340,22 @@ def launch_once(backend, world, sizes, args, tmp, cpus):
     failed_size or None, notes)."""
     port = free_port()
     env = dict(os.environ)
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "CYXWIZ_TRANSPORT"):
         env.pop(k, None)
     env.update(CYXWIZ_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    wcmd = [sys.executable, "-u", WORKER, "--backend", backend, "--sizes", ",".join(map(str, sizes)),
+    if backend == "pycyxwiz-tcp":
+        env["CYXWIZ_TRANSPORT"] = "tcp"  # "pycyxwiz" runs with it unset: auto, shared memory on one host
+    wcmd = [sys.executable, "-u", WORKER, "--backend", LIBRARY[backend], "--sizes", ",".join(map(str, sizes)),
             "--seconds", str(args.seconds), "--max-iters", str(args.max_iters), "--min-iters", str(args.min_iters),
             "--warmup", str(args.warmup)]
     tag = f"{backend}-{world}-{port}"
     procs, outs, errs = [], [], []
     try:
-        if backend == "mpi":
-            cmd = [shutil.which("mpirun") or "mpirun"] + MPIRUN_TCP + (["--oversubscribe"] if world > cpus else []) + [
+        if LIBRARY[backend] == "mpi":
+            flags = MPIRUN_TCP if backend == "mpi" else mpirun_shm(args.ompi_shm_component, args.mpi_shm_dir)
+            cmd = [shutil.which("mpirun") or "mpirun"] + flags + (["--oversubscribe"] if world > cpus else []) + [
                 "-np", str(world)] + wcmd
             outs.append(os.path.join(tmp, f"{tag}.out"))
             errs.append(os.path.join(tmp, f"{tag}.err"))
@@ -307,6 +379,8 @@ def launch_once(backend, world, sizes, args, tmp, cpus):
             for line in reader.lines():
                 if (obj := tagged(line, "ALLREDUCE_READY")) is not None:
                     ready = obj
+                    if ready.get("transport"):
+                        log(f"  [{LABEL[backend]} x{world}] transport {ready['transport']}")
                 elif (obj := tagged(line, "ALLREDUCE_RESULT")) is not None and idx < len(sizes):
                     results[obj["bytes"]] = obj
                     progress(backend, world, obj)
@@ -344,6 +418,9 @@ def launch_once(backend, world, sizes, args, tmp, cpus):
             time.sleep(0.05)
     finally:
         kill_all(procs)
+        leftovers = remove_leftovers(backend, procs, args)
+    if leftovers:
+        notes.append(f"removed shared-memory files the killed ranks left: {', '.join(leftovers)}")
     # Why it failed: the ranks' own error reports first, then the tails of their stderr.
     reports = []
     for path in outs:
@@ -403,145 +480,6 @@ def run_backend(backend, world, sizes, args, tmp, cpus):
     return out
 
 
-# ----------------------------------------------------------------- tables
-
-def md_table(headers, rows):
-    cols = len(headers)
-    w = [max(len(str(headers[c])), *(len(str(r[c])) for r in rows)) for c in range(cols)]
-    line = lambda cells: "| " + " | ".join(str(v).rjust(w[i]) if i else str(v).ljust(w[i]) for i, v in enumerate(cells)) + " |"  # noqa: E731
-    sep = "| " + " | ".join(("-" * (w[i] - 1) + ":") if i else "-" * w[i] for i in range(cols)) + " |"
-    return "\n".join([line(headers), sep] + [line(r) for r in rows])
-
-
-def fmt_us(v):
-    if v is None:
-        return "—"
-    return f"{v:.1f}" if v < 1000 else f"{v:.0f}"
-
-
-def fmt_bw(v):
-    if v is None:
-        return "—"
-    return f"{v:.3f}" if v < 10 else f"{v:.2f}"
-
-
-def fmt_ratio(v):
-    return "—" if v is None else f"{v:.2f}"
-
-
-def summarize(runs, backends, worlds, sizes):
-    """(backend, world, size) -> per-repeat lists and medians."""
-    s = {}
-    for b in backends:
-        for w in worlds:
-            for n in sizes:
-                reps = [r for r in runs if r["backend"] == b and r["world_size"] == w]
-                res = [r["results"][n] for r in reps if n in r["results"]]
-                errs = [r["errors"][n] for r in reps if n in r["errors"]]
-                e = {"median_us": [x["median_us"] for x in res], "b2b_us": [x["b2b_us"] for x in res],
-                     "iters": [x["iters"] for x in res], "errors": errs}
-                e["med_us"] = statistics.median(e["median_us"]) if res else None
-                e["med_b2b_us"] = statistics.median(e["b2b_us"]) if res else None
-                e["busbw"] = busbw(n, e["med_us"], w)
-                e["b2b_busbw"] = busbw(n, e["med_b2b_us"], w)
-                s[(b, w, n)] = e
-    return s
-
-
-def ratio_list(s, other, w, n):
-    """Per repeat: other's time / pycyxwiz's time (= pycyxwiz busbw / other's busbw)."""
-    a, b = s[("pycyxwiz", w, n)]["median_us"], s[(other, w, n)]["median_us"]
-    return [y / x for x, y in zip(a, b) if x]
-
-
-def print_tables(s, backends, worlds, sizes, repeats, run_lookup):
-    for w in worlds:
-        headers = ["size (B)"]
-        for b in backends:
-            headers += [f"{LABEL[b]} us", f"{LABEL[b]} busbw", f"{LABEL[b]} b2b busbw"]
-        others = [b for b in backends if b != "pycyxwiz"] if "pycyxwiz" in backends else []
-        headers += [f"pycyxwiz/{LABEL[o]}" for o in others]
-        rows = []
-        for n in sizes:
-            row = [f"{n} ({human(n)})"]
-            for b in backends:
-                e = s[(b, w, n)]
-                if e["med_us"] is None:
-                    why = "skipped" if run_lookup.get((b, w)) == "skipped" else ("FAILED" if e["errors"] else "—")
-                    row += [why, "—", "—"]
-                else:
-                    row += [fmt_us(e["med_us"]), fmt_bw(e["busbw"]), fmt_bw(e["b2b_busbw"])]
-            for o in others:
-                r = ratio_list(s, o, w, n)
-                row.append(fmt_ratio(statistics.median(r)) if r else "—")
-            rows.append(row)
-        print(f"\n### World size {w}" + (f" (median of {repeats} repeats)" if repeats > 1 else "") + "\n")
-        print(md_table(headers, rows))
-        if repeats > 1:
-            headers = ["size (B)"] + [f"{LABEL[b]} busbw min..max" for b in backends] + [
-                f"pycyxwiz/{LABEL[o]} min..max" for o in others]
-            rows = []
-            for n in sizes:
-                row = [f"{n} ({human(n)})"]
-                for b in backends:
-                    bws = [busbw(n, t, w) for t in s[(b, w, n)]["median_us"]]
-                    row.append(f"{fmt_bw(min(bws))}..{fmt_bw(max(bws))}" if bws else "—")
-                for o in others:
-                    r = ratio_list(s, o, w, n)
-                    row.append(f"{fmt_ratio(min(r))}..{fmt_ratio(max(r))}" if r else "—")
-                rows.append(row)
-            print(f"\nSpread over the {repeats} repeats (world size {w}):\n")
-            print(md_table(headers, rows))
-
-
-LEGEND = """Columns: "us" = median time of one call in microseconds (barrier before each call; a call's time is the
-slowest rank's); "busbw" = bus bandwidth in GB/s (1e9 B/s) from that median: bytes / time * 2(N-1)/N;
-"b2b busbw" = the same from calls back to back without barriers (total time / calls, slowest rank).
-"pycyxwiz/X" = X's median time / pycyxwiz's = pycyxwiz busbw / X busbw: above 1, pycyxwiz is faster
-(at 4 KiB read it as the ratio of times). "—": not measured; FAILED: see the errors below."""
-
-
-# ----------------------------------------------------------------- plot
-
-def plot(path, s, backends, worlds, sizes, loop):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log(f"--plot {path}: matplotlib is not installed (pip install matplotlib); no plot drawn")
-        return False
-    colors = {"pycyxwiz": "tab:red", "gloo": "tab:blue", "mpi": "tab:green"}
-    styles = ["-", "--", ":", "-."]
-    markers = ["o", "s", "^", "D"]
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for b in backends:
-        for i, w in enumerate(worlds):
-            xs = [n for n in sizes if s[(b, w, n)]["busbw"] is not None]
-            if xs:
-                ax.plot(xs, [s[(b, w, n)]["busbw"] for n in xs], linestyle=styles[i % 4], marker=markers[i % 4],
-                        color=colors.get(b), label=f"{LABEL[b]}, {w} ranks")
-    if loop.get("one_stream_GBps"):
-        ax.axhline(loop["one_stream_GBps"], color="gray", linestyle="-", linewidth=1,
-                   label=f"TCP loopback, one stream ({loop['one_stream_GBps']:.2f} GB/s)")
-    if loop.get("both_ways_per_direction_GBps"):
-        ax.axhline(loop["both_ways_per_direction_GBps"], color="gray", linestyle="--", linewidth=1,
-                   label=f"TCP loopback, both ways, per direction ({loop['both_ways_per_direction_GBps']:.2f} GB/s)")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes)
-    ax.set_xticklabels([human(n).replace(" ", "") for n in sizes])
-    ax.set_xlabel("message size (float32, SUM, in place)")
-    ax.set_ylabel("busbw, GB/s (median call, barrier before each)")
-    ax.set_title("All-reduce bus bandwidth on one machine over TCP loopback")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
 # ----------------------------------------------------------------- main
 
 def parse_args(argv=None):
@@ -550,7 +488,8 @@ def parse_args(argv=None):
     p.add_argument("--min-bytes", type=int, default=4096, help="smallest size (default 4096); sizes go up by x4")
     p.add_argument("--max-bytes", type=int, default=None, help="largest size (default 268435456; --quick: 1048576)")
     p.add_argument("--backends", nargs="+", choices=ALL_BACKENDS, default=None,
-                   help="default: all (those not installed are skipped); --quick: pycyxwiz")
+                   help=f"default: all, in this order: {' '.join(ALL_BACKENDS)} (those not installed are skipped); "
+                        "--quick: pycyxwiz")
     p.add_argument("--seconds", type=float, default=None,
                    help="time to fill per size with timed calls, in each of the two modes (default 2; --quick: 0.2)")
     p.add_argument("--repeats", type=int, default=1, help="run everything this many times, interleaved (default 1)")
@@ -597,9 +536,13 @@ def main(argv=None):
           f"Linux {mach['kernel']}, Python {mach['python']}, numpy {mach.get('numpy')}; "
           f"load average {' '.join(map(str, mach.get('load_start', [])))}")
     p = ver["pycyxwiz"]
-    knobs = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("CYXWIZ_") and k != "CYXWIZ_NUM_THREADS")
+    knobs = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                     if k.startswith("CYXWIZ_") and k not in ("CYXWIZ_NUM_THREADS", "CYXWIZ_TRANSPORT"))
     print(f"pycyxwiz  {p.get('version', p.get('error'))}" + (f", installed module built {p['built']}" if p.get("built") else "")
           + (f"; source tree at git {mach['git']}" if mach.get("git") else "") + (f"; {knobs}" if knobs else ""))
+    print("          pycyxwiz: CYXWIZ_TRANSPORT unset in the ranks (auto); pycyxwiz-tcp: CYXWIZ_TRANSPORT=tcp"
+          + (f" (this shell's CYXWIZ_TRANSPORT={os.environ['CYXWIZ_TRANSPORT']} is not passed on)"
+             if "CYXWIZ_TRANSPORT" in os.environ else ""))
     t = ver["torch"]
     print(f"torch     {t.get('version', t.get('error'))}" + (f", Gloo {'available' if t.get('gloo') else 'missing'}" if "version" in t else ""))
     print(f"Open MPI  {ver['mpirun'].get('version', ver['mpirun'].get('error'))}")
@@ -614,6 +557,10 @@ def main(argv=None):
     print("gloo      torch.distributed backend 'gloo', init_method env://, GLOO_SOCKET_IFNAME=lo")
     print(f"mpi       mpirun {' '.join(MPIRUN_TCP)} [--oversubscribe when ranks > {cpus}] -np N; "
           "comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)")
+    comp = ver["ompi_shm"].get("component")
+    print("mpi-shm   " + (f"mpirun {' '.join(mpirun_shm(comp, '<private dir in /dev/shm>'))} "
+                           f"[--oversubscribe when ranks > {cpus}] -np N; the same call" if comp else
+                           ver["ompi_shm"].get("error", "?")))
     print("```")
 
     backends = []
@@ -630,8 +577,9 @@ def main(argv=None):
             print(f"- skipped {LABEL[b]}: {reason}")
         if not_requested:
             print(f"- not requested: {', '.join(LABEL[b] for b in not_requested)}"
-                  + (" (--quick measures pycyxwiz only; add --backends pycyxwiz gloo mpi)" if args.quick and not args.backends_given else ""))
-    if "mpi" in backends and "Open MPI" not in ver["mpi4py"].get("library", "Open MPI"):
+                  + (f" (--quick measures pycyxwiz only; add --backends {' '.join(ALL_BACKENDS)})"
+                     if args.quick and not args.backends_given else ""))
+    if {"mpi", "mpi-shm"} & set(backends) and "Open MPI" not in ver["mpi4py"].get("library", "Open MPI"):
         print(f"- note: mpi4py is built against {ver['mpi4py'].get('library')}, not Open MPI")
 
     loop = {}
@@ -671,6 +619,10 @@ def main(argv=None):
     runs = []
     run_lookup = {(b, w): "skipped" for b in skipped for w in args.world_sizes}
     tmp = tempfile.mkdtemp(prefix="allreduce_bench_")
+    args.ompi_shm_component = comp
+    args.mpi_shm_dir = None
+    if "mpi-shm" in backends and os.access("/dev/shm", os.W_OK):
+        args.mpi_shm_dir = tempfile.mkdtemp(prefix="allreduce_bench_ompi_", dir="/dev/shm")
     try:
         for rep in range(args.repeats):
             for w in args.world_sizes:
@@ -684,12 +636,15 @@ def main(argv=None):
                     log(f"  done in {r['wall_s']:.1f} s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if args.mpi_shm_dir:
+            shutil.rmtree(args.mpi_shm_dir, ignore_errors=True)
 
     table_backends = backends + [b for b in skipped]
+    lab = labels(runs, table_backends)
     s = summarize(runs, table_backends, args.world_sizes, args.sizes)
     print("\n## All-reduce, float32 SUM in place: median time and bus bandwidth\n")
-    print(LEGEND)
-    print_tables(s, table_backends, args.world_sizes, args.sizes, args.repeats, run_lookup)
+    print(legend(lab))
+    print_tables(s, table_backends, backends, lab, args.world_sizes, args.sizes, args.repeats, run_lookup)
 
     problems = []
     for r in runs:
@@ -698,6 +653,10 @@ def main(argv=None):
             problems.append(f"- {tagr}, {human(n)}: {e}")
         for note in r["notes"]:
             problems.append(f"- {tagr}: {note[:800]}")
+        got = (r.get("ready") or {}).get("transport")
+        want = {"pycyxwiz": "shm", "pycyxwiz-tcp": "tcp"}.get(r["backend"])
+        if got and want and got != want:
+            problems.append(f"- {tagr}: the ranks reported transport {got}, not {want}")
     if problems:
         print("\n## Errors and notes\n")
         print("\n".join(problems))
@@ -710,26 +669,27 @@ def main(argv=None):
     print(f"\nTotal wall time {wall:.1f} s; load average at the end {' '.join(map(str, mach.get('load_end', [])))}")
 
     if args.plot:
-        if plot(args.plot, s, backends, args.world_sizes, args.sizes, loop):
+        if plot(args.plot, s, backends, lab, args.world_sizes, args.sizes, loop, log=log):
             print(f"Plot: {args.plot}")
     if args.json:
         doc = {"machine": mach, "versions": ver, "skipped": skipped, "loopback": loop,
-               "config": {k: v for k, v in vars(args).items()}, "wall_s": wall,
+               "config": {k: v for k, v in vars(args).items()}, "labels": lab, "wall_s": wall,
                "runs": [dict(r, results=list(r["results"].values()),
                              errors={str(k): v for k, v in r["errors"].items()}) for r in runs],
-               "summary": [{"backend": b, "world_size": w, "bytes": n, "median_us": e["med_us"],
+               "summary": [{"backend": b, "label": lab[b], "world_size": w, "bytes": n, "median_us": e["med_us"],
                             "b2b_us": e["med_b2b_us"], "busbw_GBps": e["busbw"], "b2b_busbw_GBps": e["b2b_busbw"],
                             "per_repeat_median_us": e["median_us"], "per_repeat_b2b_us": e["b2b_us"],
                             "errors": e["errors"]} for (b, w, n), e in s.items()]}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"JSON: {args.json}")
-    # Exit status (for CI): 1 when pycyxwiz was asked for and could not run or failed at some size;
-    # the other libraries are optional, so their absence or failure is reported but does not count.
-    if "pycyxwiz" in args.backends:
-        cx_runs = [r for r in runs if r["backend"] == "pycyxwiz"]
-        if "pycyxwiz" in skipped or any(r["errors"] or not r["results"] for r in cx_runs):
-            return 1
+    # Exit status (for CI): 1 when pycyxwiz (either transport) was asked for and could not run or failed at
+    # some size; the other libraries are optional, so their absence or failure is reported but does not count.
+    for b in CYXWIZ_FAMILY:
+        if b in args.backends:
+            cx_runs = [r for r in runs if r["backend"] == b]
+            if b in skipped or any(r["errors"] or not r["results"] for r in cx_runs):
+                return 1
     return 0
 
 

@@ -5,6 +5,8 @@
     mpirun -np 2 ... python benchmarks/allreduce_worker.py --backend mpi --sizes 4096 --seconds 2
 
 The driver (benchmarks/allreduce.py) starts these processes; run by hand only to debug one library.
+Its backends "pycyxwiz-tcp" and "mpi-shm" run this code as "pycyxwiz" and "mpi": only the environment
+(CYXWIZ_TRANSPORT=tcp) or mpirun's flags (--mca btl vader,self) differ.
 
 Per size (float32, SUM, in place):
   1. one checked call: rank r fills its array with r + 1; every element must come back N(N+1)/2;
@@ -15,7 +17,9 @@ Per size (float32, SUM, in place):
   4. one barrier, then n calls back to back (nccl-tests style): time per call = elapsed / n;
   5. one all-reduce MAX of all those times: a call's time is the slowest rank's.
 Rank 0 prints one line `ALLREDUCE_RESULT {json}` per size. Any rank that fails prints
-`ALLREDUCE_ERROR {json}` and exits with status 1. `ALLREDUCE_READY {json}` follows a successful init.
+`ALLREDUCE_ERROR {json}` and exits with status 1. `ALLREDUCE_READY {json}` follows a successful init; its
+"transport" is what carries the data: pycyxwiz's get_config().transport ("shm" or "tcp"), Open MPI's BTL list
+(OMPI_MCA_btl, as mpirun passes --mca btl), "tcp" for Gloo.
 """
 
 import argparse
@@ -48,8 +52,12 @@ class PycyxwizComm:
         self.dist = cx.distributed
         self.dist.init()
         self.rank, self.size = self.dist.get_rank(), self.dist.get_world_size()
+        config = self.dist.get_config()
+        # "shm" or "tcp"; None from a build before the shared-memory transport (always TCP).
+        self.transport = getattr(config, "transport", None)
         self.info = {"version": getattr(cx, "__version__", "?"), "backend": self.dist.get_backend(),
-                     "config": repr(self.dist.get_config()),
+                     "config": repr(config), "transport": self.transport,
+                     "CYXWIZ_TRANSPORT": os.environ.get("CYXWIZ_TRANSPORT"),
                      "CYXWIZ_RING_SLICE_BYTES": os.environ.get("CYXWIZ_RING_SLICE_BYTES")}
 
     def all_reduce(self, x):
@@ -83,6 +91,7 @@ class GlooComm:
         self.rank, self.size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         dist.init_process_group("gloo", init_method="env://", rank=self.rank, world_size=self.size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        self.transport = "tcp"
         self.info = {"torch": torch.__version__, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME")}
         self._last = (None, None)
 
@@ -115,7 +124,9 @@ class MpiComm:
 
         self.MPI, self.comm = MPI, MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.info = {"mpi4py": mpi4py.__version__, "library": MPI.Get_library_version().replace("\0", "").splitlines()[0].strip()}
+        self.transport = os.environ.get("OMPI_MCA_btl")  # mpirun --mca btl X exports it to the ranks
+        self.info = {"mpi4py": mpi4py.__version__, "library": MPI.Get_library_version().replace("\0", "").splitlines()[0].strip(),
+                     "OMPI_MCA_btl": self.transport, "OMPI_MCA_pml": os.environ.get("OMPI_MCA_pml")}
 
     def all_reduce(self, x):
         self.comm.Allreduce(self.MPI.IN_PLACE, x, op=self.MPI.SUM)
@@ -211,7 +222,7 @@ def main():
         rank = comm.rank
         if comm.rank == 0:
             emit(READY, {"backend": comm.name, "world_size": comm.size, "init_s": time.perf_counter() - t0,
-                         "pid": os.getpid(), "info": comm.info})
+                         "pid": os.getpid(), "transport": comm.transport, "info": comm.info})
         for nbytes in sizes:
             stage = f"size {nbytes}"
             res = measure(comm, nbytes, args)

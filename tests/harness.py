@@ -42,8 +42,9 @@ _INHERITED = re.compile(
     r"RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|GROUP_RANK|MASTER_ADDR|MASTER_PORT|MPI_LOCALRANKID"
     r"|(TORCHELASTIC|SLURM|OMPI|PMI|PMIX|DISTRIBUTED|CYXWIZ|QUICKSTART)_.*"
     r"|OMP_NUM_THREADS|OPENBLAS_NUM_THREADS|OPENBLAS_DEFAULT_NUM_THREADS|GOTO_NUM_THREADS")
-# ...except which CUDA library to load (the host emulator of tests/gpu): it is what is under test.
-_KEPT = re.compile(r"CYXWIZ_CUDA_LIBRARY|CYXWIZ_EMULATED_.*")
+# ...except which CUDA library to load (the host emulator of tests/gpu) and which transport the ranks
+# use (CYXWIZ_TRANSPORT=tcp pytest runs the suite over TCP): they are what is under test.
+_KEPT = re.compile(r"CYXWIZ_CUDA_LIBRARY|CYXWIZ_EMULATED_.*|CYXWIZ_TRANSPORT")
 
 # What a rank gets unless the test says otherwise: one compute thread (ranks share a few cores), output
 # as it is printed, and a collective timeout short enough that a hang fails the test, not the session.

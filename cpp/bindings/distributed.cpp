@@ -118,6 +118,8 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
       .def_readwrite("backend", &DistributedConfig::backend)
       .def_readwrite("timeout_ms", &DistributedConfig::timeoutMs)
       .def_readwrite("job_id", &DistributedConfig::jobId)
+      .def_readwrite("transport", &DistributedConfig::transport,
+                     "CYXWIZ_TRANSPORT: auto, tcp or shm; after init, the one the job uses (shm or tcp).")
       .def_readwrite("secret", &DistributedConfig::secret, "Shared secret every rank must prove (CYXWIZ_SECRET); never printed.")
       .def_readonly("source", &DistributedConfig::source)
       .def_static("from_environment", &DistributedConfig::fromEnvironment)

@@ -161,6 +161,7 @@ ALL_REDUCE = PRELUDE + r'''
 COUNTS = json.loads(os.environ["TEST_COUNTS"])
 dist.init()
 expect(dist.get_world_size() == WS and dist.get_rank() == RANK, "rank/world size")
+expect(dist.get_config().transport == os.environ["TEST_TRANSPORT"], f"transport: {dist.get_config().transport}")
 digests = {}
 case = 0
 for dtype in DTYPES:
@@ -170,6 +171,8 @@ for dtype in DTYPES:
         # the last count of the gather-then-reduce path and the first of the ring path for this dtype
         last_small = 65536 // ((WS - 1) * itemsize)
         counts += [last_small, last_small + 1]
+        # shared memory: the last one-round size, and one chunk (a half-slot of 256 KiB) and a bit
+        counts += [32768 // itemsize, 32768 // itemsize + 1, 262144 // itemsize, 262144 // itemsize + 1]
     for op in OPS:
         if op == "AVG" and dtype.startswith("int"):
             continue
@@ -187,14 +190,19 @@ done()
 '''
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_all_reduce_every_op_dtype_and_size(ranks, world_size):
+# On one host "auto" takes shared memory: tcp keeps the ring's algorithms under test too.
+TRANSPORTS = [pytest.param(w, t, id=f"{w}-{t}") for w in (1, 2, 3, 4) for t in ("shm", "tcp") if w > 1 or t == "tcp"]
+
+
+@pytest.mark.parametrize("world_size, transport", TRANSPORTS)
+def test_all_reduce_every_op_dtype_and_size(ranks, world_size, transport):
     counts = all_reduce_counts(world_size)
-    results = ranks.run(ALL_REDUCE, world_size, env={"TEST_COUNTS": json.dumps(counts)})
+    results = ranks.run(ALL_REDUCE, world_size, env={"TEST_COUNTS": json.dumps(counts), "CYXWIZ_TRANSPORT": transport,
+                                                     "TEST_TRANSPORT": transport})
     reports = outputs(ranks, results, world_size)
     digests = [rep["digests"] for rep in reports]
     # 18 op/dtype pairs (AVG is floats only), each at every count (+ the two threshold counts).
-    per_pair = len(counts) + (2 if world_size > 1 else 0)
+    per_pair = len(counts) + (6 if world_size > 1 else 0)
     assert len(digests[0]) >= 18 * (per_pair - 2), sorted(digests[0])
     assert sum(rep["checks"] for rep in reports) >= len(digests[0])
     for rep in reports[1:]:
@@ -235,6 +243,7 @@ def test_all_reduce_in_many_small_ring_slices(ranks):
 
 OTHER_COLLECTIVES = PRELUDE + r'''
 dist.init()
+expect(dist.get_config().transport == os.environ["TEST_TRANSPORT"], f"transport: {dist.get_config().transport}")
 BIG = 3 * 2**20 // 4 + 1
 
 # broadcast: from every source, every dtype, sizes around the thresholds, several shapes.
@@ -329,9 +338,9 @@ done()
 '''
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_broadcast_all_gather_reduce_scatter_barrier(ranks, world_size):
-    results = ranks.run(OTHER_COLLECTIVES, world_size)
+@pytest.mark.parametrize("world_size, transport", TRANSPORTS)
+def test_broadcast_all_gather_reduce_scatter_barrier(ranks, world_size, transport):
+    results = ranks.run(OTHER_COLLECTIVES, world_size, env={"CYXWIZ_TRANSPORT": transport, "TEST_TRANSPORT": transport})
     reports = outputs(ranks, results, world_size)
     assert all(rep["checks"] > 300 for rep in reports), [rep["checks"] for rep in reports]
     for k in range(3):

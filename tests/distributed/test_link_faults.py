@@ -68,7 +68,9 @@ def wait_for_line(p: subprocess.Popen, tag: str, timeout: float) -> None:
 @pytest.mark.parametrize("idle_s", [0, 9], ids=["busy", "idle"])
 def test_cut_link_is_reported_as_unreachable(ranks, netns, idle_s):  # noqa: F811
     timeout_ms = 3000
-    env = {"MASTER_ADDR": netns.addr_a, "DISTRIBUTED_TIMEOUT_MS": str(timeout_ms), "IDLE_S": idle_s}
+    # The namespaces share IPC and /dev/shm, so auto would pick shared memory: the link is under test.
+    env = {"MASTER_ADDR": netns.addr_a, "DISTRIBUTED_TIMEOUT_MS": str(timeout_ms), "IDLE_S": idle_s,
+           "CYXWIZ_TRANSPORT": "tcp"}
     p0 = start_in(ranks, netns.a, 0, env)
     p1 = start_in(ranks, netns.b, 1, env)
     wait_for_line(p0, "READY", timeout=60)

@@ -168,7 +168,8 @@ def test_ranks_in_two_namespaces(ranks, netns, layout):
 
 def test_ring_address_is_the_interface_that_reaches_rank_0(ranks, netns):
     """Rank 1 in B publishes 10.77.X.2 (not 127.0.0.1): rank 0 dials it, and names it in errors."""
-    env = {"MASTER_ADDR": netns.addr_a, "DISTRIBUTED_TIMEOUT_MS": "5000", "PROBE": "1"}
+    # The namespaces share IPC and /dev/shm, so auto would pick shared memory: the links are under test.
+    env = {"MASTER_ADDR": netns.addr_a, "DISTRIBUTED_TIMEOUT_MS": "5000", "PROBE": "1", "CYXWIZ_TRANSPORT": "tcp"}
     p0 = start_in(ranks, netns.a, 0, 2, env)
     p1 = start_in(ranks, netns.b, 1, 2, env)
     (r0,) = ranks.wait([p0], timeout=60)

@@ -62,7 +62,8 @@ def test_eight_ranks_small_messages_take_recursive_doubling_and_agree(ranks):
     # Eight ranks (a power of two) open butterfly links; small all-reduces combine in log2(8) rounds.
     # At debug level the backend names the algorithm the first time it takes each one: every rank
     # must have taken recursive doubling, first for the first size, and never another algorithm.
-    res = ranks.run(SMALL_EIGHT, 8, timeout=110, env={"CYXWIZ_LOG_LEVEL": "debug"})
+    # Over TCP: on one host the ranks would otherwise share memory (test_shm.py covers that path).
+    res = ranks.run(SMALL_EIGHT, 8, timeout=110, env={"CYXWIZ_LOG_LEVEL": "debug", "CYXWIZ_TRANSPORT": "tcp"})
     assert all(r.rc == 0 for r in res), ranks.report(res)
     outs = [json.loads(r.out.strip().splitlines()[-1]) for r in res]
     assert all(ok for rank_out in outs for _, _, ok, _ in rank_out), outs[0]

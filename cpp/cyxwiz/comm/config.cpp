@@ -145,6 +145,14 @@ void DistributedConfig::readTuning() {
   spinUs = envInt("CYXWIZ_SPIN_US", -1, 0, 1000000, "microseconds without a unit, 0..1000000");
   // Larger than the world (a stale value, a hand-started job): the whole world is the upper bound.
   localWorldSize = static_cast<int>(envInt("LOCAL_WORLD_SIZE", 0, 1, 1 << 20, "the number of ranks on this machine, at least 1"));
+  if (auto t = envString("CYXWIZ_TRANSPORT"); t && !t->empty()) {
+    const std::string& v = *t;
+    if (v != "auto" && v != "tcp" && v != "shm") {
+      throw InvalidArgument(makeString("CYXWIZ_TRANSPORT='", v, "' is not a transport: expected auto (the default: shared "
+                                       "memory when every rank is on one host), tcp or shm"));
+    }
+    transport = v;
+  }
 }
 
 void DistributedConfig::validate() const {
@@ -158,12 +166,15 @@ void DistributedConfig::validate() const {
     throw InvalidArgument(makeString("DistributedConfig.master_port=", masterPort, " is out of range: expected a TCP port, 1..65535"));
   }
   if (timeoutMs <= 0) throw InvalidArgument(makeString("DistributedConfig.timeout_ms=", timeoutMs, " is out of range: expected milliseconds > 0"));
+  if (transport != "auto" && transport != "tcp" && transport != "shm") {
+    throw InvalidArgument(makeString("DistributedConfig.transport='", transport, "' is not a transport: expected auto, tcp or shm"));
+  }
   if (masterAddr.empty()) throw InvalidArgument("DistributedConfig.master_addr is empty: expected the host name or IP address of rank 0");
 }
 
 std::string DistributedConfig::describe() const {
   return makeString("rank ", rank, "/", worldSize, " (local ", localRank, "), master ", masterAddr, ":", masterPort, ", ",
-                    backendName(backend), ", timeout ", timeoutMs, " ms", jobId.empty() ? "" : ", job " + jobId,
+                    backendName(backend), transport == "auto" ? "" : ", transport " + transport, ", timeout ", timeoutMs, " ms", jobId.empty() ? "" : ", job " + jobId,
                     ", from ", source, secret.empty() ? "" : ", with a shared secret");
 }
 

@@ -37,6 +37,7 @@ class DistributedConfig:
     timeout_ms: int
     job_id: str
     secret: str
+    transport: str
     @property
     def source(self) -> str: ...
     def __init__(self) -> None: ...

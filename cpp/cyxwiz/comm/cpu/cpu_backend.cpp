@@ -7,6 +7,8 @@
 #include "cyxwiz/comm/cpu/rendezvous.h"
 #include "cyxwiz/comm/cpu/ring.h"
 #include "cyxwiz/comm/reduce.h"
+#include "cyxwiz/comm/shm/shm_collectives.h"
+#include "cyxwiz/comm/shm/topology.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
@@ -93,10 +95,16 @@ CpuBackend::CpuBackend(const DistributedConfig& config, const std::function<void
       left_ = std::move(links.left);
       right_ = std::move(links.right);
       partners_ = std::move(links.partners);
+      std::vector<std::string> addresses = links.addresses;
       p2p_ = std::make_unique<PointToPoint>(config_, std::move(links.gate), std::move(links.addresses));
       left_.socket.setLiveness(config.timeoutMs);
       right_.socket.setLiveness(config.timeoutMs);
       for (Pair& p : partners_) p.socket.setLiveness(config.timeoutMs);
+      std::string whyNot;
+      shm_ = shm::formGroup(config_, *store_, deadline, &whyNot);
+      if (shm_) shm_->addresses = std::move(addresses);
+      config_.transport = shm_ ? "shm" : "tcp";
+      if (!shm_ && config_.rank == 0) logDebug(makeString("init: transport tcp: ", whyNot));
     } catch (...) {
       failRendezvous(std::current_exception());
     }
@@ -109,7 +117,7 @@ CpuBackend::CpuBackend(const DistributedConfig& config, const std::function<void
     shutdown();
     throw;
   }
-  logDebug(makeString("init: connected: ", config.describe()));
+  logDebug(makeString("init: connected: ", config_.describe()));
 }
 
 CpuBackend::~CpuBackend() { shutdown(); }
@@ -126,7 +134,7 @@ void CpuBackend::failRendezvous(std::exception_ptr error) {
   std::rethrow_exception(error);
 }
 
-std::shared_ptr<Work> CpuBackend::submit(CallSignature call, bool async, std::function<void(Ring&)> body) {
+std::shared_ptr<Work> CpuBackend::submit(CallSignature call, bool async, std::function<void(Collectives&)> body) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (broken_) std::rethrow_exception(broken_);
   if (closed_) throw DistError(makeString(rankPrefix(), collectiveName(call.collective), ": the process group was finalized; call init() again first"));
@@ -173,12 +181,19 @@ void CpuBackend::execute(Task& task, bool onCaller) {
     return task.work->finish(broken);
   }
   try {
-    Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work,
-              onCaller ? spin_ : std::min(spin_, kMaxAsyncSpin),
-              onCaller ? interruptCheck() : nullptr, &finalizing_);
-    Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call, &left_, &right_, &partners_,
-              static_cast<size_t>(config_.ringSliceBytes));
-    task.body(ring);
+    const auto spin = onCaller ? spin_ : std::min(spin_, kMaxAsyncSpin);
+    const auto interrupted = onCaller ? interruptCheck() : nullptr;
+    if (shm_) {
+      shm::ShmCollectives local(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted,
+                                &finalizing_);
+      task.body(local);
+    } else {
+      Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work, spin,
+                interrupted, &finalizing_);
+      Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call, &left_, &right_, &partners_,
+                static_cast<size_t>(config_.ringSliceBytes));
+      task.body(ring);
+    }
     task.body = nullptr;
     task.work->finish();
   } catch (...) {
@@ -234,6 +249,7 @@ void CpuBackend::shutdown() {
   }
   changed_.notify_all();
   if (worker_.joinable()) worker_.join();  // queued collectives finish (each within the timeout)
+  if (shm_) shm_->leave();  // peers still waiting for us in shared memory stop now, naming us
   // A blocking call on another caller thread may still be using the links. Shut them down (it fails
   // at once, saying finalize stopped it) and let it leave before closing them: closed under it, a
   // descriptor number could be reused by the next socket or file this process opens.
@@ -288,7 +304,7 @@ std::shared_ptr<Work> CpuBackend::allReduce(const Tensor& data, ReduceOp op, boo
   }
   requireCpu(data, "all_reduce");
   checkReduceOp(op, data.dtype());
-  return submit(callSignature(Collective::AllReduce, data, op), async, [data, op](Ring& ring) {
+  return submit(callSignature(Collective::AllReduce, data, op), async, [data, op](Collectives& ring) {
     ring.allReduce(data.rawData(), static_cast<size_t>(data.numel()), data.dtype(), op);
   });
 }
@@ -301,7 +317,7 @@ std::shared_ptr<Work> CpuBackend::broadcast(const Tensor& data, int src, bool as
   requireCpu(data, "broadcast");
   CYX_CHECK(src >= 0 && src < config_.worldSize, "broadcast: src=", src, " is not a rank: expected 0..", config_.worldSize - 1);
   return submit(callSignature(Collective::Broadcast, data, ReduceOp::Sum, src), async,
-                [data, src](Ring& ring) { ring.broadcast(data.rawData(), data.nbytes(), src); });
+                [data, src](Collectives& ring) { ring.broadcast(data.rawData(), data.nbytes(), src); });
 }
 
 std::shared_ptr<Work> CpuBackend::allGather(const Tensor& in, const Tensor& out, bool async) {
@@ -314,7 +330,7 @@ std::shared_ptr<Work> CpuBackend::allGather(const Tensor& in, const Tensor& out,
   CYX_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * config_.worldSize,
             "all_gather: the output must hold world_size x ", in.numel(), " elements of ", dtypeName(in.dtype()));
   return submit(callSignature(Collective::AllGather, in), async,
-                [in, out](Ring& ring) { ring.allGather(in.rawData(), out.rawData(), in.nbytes()); });
+                [in, out](Collectives& ring) { ring.allGather(in.rawData(), out.rawData(), in.nbytes()); });
 }
 
 std::shared_ptr<Work> CpuBackend::reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
@@ -326,16 +342,16 @@ std::shared_ptr<Work> CpuBackend::reduceScatter(const Tensor& in, const Tensor& 
   requireCpu(out, "reduce_scatter");
   checkReduceOp(op, in.dtype());
   size_t count = static_cast<size_t>(in.numel());
-  size_t part = Ring::partBegin(count, config_.worldSize, config_.rank + 1) - Ring::partBegin(count, config_.worldSize, config_.rank);
+  size_t part = partBegin(count, config_.worldSize, config_.rank + 1) - partBegin(count, config_.worldSize, config_.rank);
   CYX_CHECK(out.dtype() == in.dtype() && static_cast<size_t>(out.numel()) == part,
             "reduce_scatter: the output must hold this rank's part, ", part, " elements of ", dtypeName(in.dtype()));
-  return submit(callSignature(Collective::ReduceScatter, in, op), async, [in, out, op, count](Ring& ring) {
+  return submit(callSignature(Collective::ReduceScatter, in, op), async, [in, out, op, count](Collectives& ring) {
     ring.reduceScatter(in.rawData(), out.rawData(), count, in.dtype(), op);
   });
 }
 
 std::shared_ptr<Work> CpuBackend::barrier(bool async) {
-  return submit(callSignature(Collective::Barrier, Tensor()), async, [](Ring& ring) { ring.barrier(); });
+  return submit(callSignature(Collective::Barrier, Tensor()), async, [](Collectives& ring) { ring.barrier(); });
 }
 
 }  // namespace cyxwiz::comm

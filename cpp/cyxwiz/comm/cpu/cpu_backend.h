@@ -22,16 +22,17 @@
 #include <vector>
 
 #include "cyxwiz/comm/backend.h"
+#include "cyxwiz/comm/collectives.h"
 #include "cyxwiz/comm/cpu/p2p.h"
 #include "cyxwiz/comm/cpu/pair.h"
 #include "cyxwiz/comm/cpu/staging.h"
 #include "cyxwiz/comm/monitor.h"
+#include "cyxwiz/comm/shm/group.h"
 #include "cyxwiz/comm/store_server.h"
 #include "cyxwiz/comm/tcp_store.h"
 
 namespace cyxwiz::comm {
 
-class Ring;
 
 class CpuBackend final : public Backend {
  public:
@@ -58,11 +59,11 @@ class CpuBackend final : public Backend {
  private:
   struct Task {
     CallSignature call;
-    std::function<void(Ring&)> body;
+    std::function<void(Collectives&)> body;
     std::shared_ptr<Work> work;
   };
 
-  std::shared_ptr<Work> submit(CallSignature call, bool async, std::function<void(Ring&)> body);
+  std::shared_ptr<Work> submit(CallSignature call, bool async, std::function<void(Collectives&)> body);
   // Runs `collective` (a blocking call on host tensors) for GPU tensors through pinned staging:
   // `in` is copied to host slot 0, `out` (may be `in`) comes back from slot 1 (or 0 when the same).
   std::shared_ptr<Work> staged(const CallSignature& call, const Tensor& in, const Tensor& out,
@@ -84,6 +85,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Monitor> monitor_;
   Pair left_, right_;
   std::vector<Pair> partners_;  // recursive-doubling links (power-of-two worlds of 4+)
+  std::unique_ptr<shm::Group> shm_;    // every rank on this host: collectives through shared memory
   std::unique_ptr<PointToPoint> p2p_;  // send/recv; absent in a world of one
   std::atomic<uint64_t> p2pSequence_{0};
   std::vector<uint8_t> scratch_;  // receive and gather space, kept between calls

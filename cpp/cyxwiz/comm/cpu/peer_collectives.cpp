@@ -77,7 +77,7 @@ std::shared_ptr<Work> CpuBackend::gather(const Tensor& in, const Tensor& out, in
     CYX_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * n,
               "gather: the output must hold world_size x ", in.numel(), " elements of ", dtypeName(in.dtype()));
   }
-  return submit(callSignature(Collective::Gather, in, ReduceOp::Sum, dst), async, [this, in, out, dst, n, me](Ring& ring) {
+  return submit(callSignature(Collective::Gather, in, ReduceOp::Sum, dst), async, [this, in, out, dst, n, me](Collectives& ring) {
     ring.checkCalls();
     const int64_t tag = collectiveTag(ring.call()), count = in.numel();
     std::vector<std::shared_ptr<Work>> parts;
@@ -102,7 +102,7 @@ std::shared_ptr<Work> CpuBackend::scatter(const Tensor& in, const Tensor& out, i
     CYX_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * n,
               "scatter: the input must hold world_size x ", out.numel(), " elements of ", dtypeName(out.dtype()));
   }
-  return submit(callSignature(Collective::Scatter, out, ReduceOp::Sum, src), async, [this, in, out, src, n, me](Ring& ring) {
+  return submit(callSignature(Collective::Scatter, out, ReduceOp::Sum, src), async, [this, in, out, src, n, me](Collectives& ring) {
     ring.checkCalls();
     const int64_t tag = collectiveTag(ring.call()), count = out.numel();
     std::vector<std::shared_ptr<Work>> parts;
@@ -138,7 +138,7 @@ std::shared_ptr<Work> CpuBackend::allToAll(const Tensor& in, const Tensor& out, 
   CYX_CHECK(inCounts[static_cast<size_t>(me)] == outCounts[static_cast<size_t>(me)], "all_to_all: this rank sends itself ",
             inCounts[static_cast<size_t>(me)], " elements but expects ", outCounts[static_cast<size_t>(me)], " from itself");
   // Element counts may differ between ranks (uneven splits): the header compares the rest.
-  return submit(callSignature(Collective::AllToAll, Tensor::empty({0}, in.dtype())), async, [this, in, out, inCounts, outCounts, n, me](Ring& ring) {
+  return submit(callSignature(Collective::AllToAll, Tensor::empty({0}, in.dtype())), async, [this, in, out, inCounts, outCounts, n, me](Collectives& ring) {
     ring.checkCalls();
     const int64_t tag = collectiveTag(ring.call());
     std::vector<std::shared_ptr<Work>> parts;

@@ -36,12 +36,6 @@ Ring::Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const 
   wire::encodeCall(call_, myHeader_);
 }
 
-size_t Ring::partBegin(size_t count, int parts, int i) {
-  size_t q = count / static_cast<size_t>(parts), r = count % static_cast<size_t>(parts);
-  size_t k = static_cast<size_t>(i);
-  return k * q + std::min(k, r);
-}
-
 void Ring::checkLeftHeader() {
   CallSignature left;
   int from = mod(rank_ - 1);

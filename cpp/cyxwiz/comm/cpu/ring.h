@@ -16,13 +16,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "cyxwiz/comm/collectives.h"
 #include "cyxwiz/comm/cpu/duplex.h"
 #include "cyxwiz/comm/cpu/wire.h"
 #include "cyxwiz/comm/types.h"
 
 namespace cyxwiz::comm {
 
-class Ring {
+class Ring : public Collectives {
  public:
   // Messages at most this large (times N-1) take the small path.
   static constexpr size_t kSmallBytes = 64 * 1024;
@@ -33,19 +34,16 @@ class Ring {
        Pair* left = nullptr, Pair* right = nullptr, std::vector<Pair>* partners = nullptr,
        size_t sliceBytes = size_t{1} << 20);
 
-  void allReduce(void* data, size_t count, DType dtype, ReduceOp op);
-  void broadcast(void* data, size_t bytes, int root);
-  void allGather(const void* in, void* out, size_t bytesPerRank);
+  void allReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
+  void broadcast(void* data, size_t bytes, int root) override;
+  void allGather(const void* in, void* out, size_t bytesPerRank) override;
   // Rank r gets part r of the reduced input, parts split as numpy.array_split splits.
-  void reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op);
-  void barrier();
+  void reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override;
+  void barrier() override;
   // One step that carries only the headers: every rank's call is checked against its left
   // neighbour's, so the whole ring agrees (collectives whose data travels elsewhere).
-  void checkCalls();
-  const CallSignature& call() const { return call_; }
-
-  // First element of part i when `count` elements are split in `parts` (numpy.array_split).
-  static size_t partBegin(size_t count, int parts, int i);
+  void checkCalls() override;
+  const CallSignature& call() const override { return call_; }
 
  private:
   int mod(int i) const { return ((i % size_) + size_) % size_; }

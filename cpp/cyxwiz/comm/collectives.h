@@ -1,0 +1,33 @@
+// Collectives: what an algorithm over one transport offers the backend. The TCP ring (cpu/ring.h)
+// and the shared-memory group (shm/shm_collectives.h) implement it; CpuBackend queues calls against
+// it and never cares which one runs them.
+#pragma once
+
+#include <cstddef>
+
+#include "cyxwiz/comm/types.h"
+
+namespace cyxwiz::comm {
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual void allReduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  virtual void allGather(const void* in, void* out, size_t bytesPerRank) = 0;
+  // Rank r gets part r of the reduced input, parts split as numpy.array_split splits.
+  virtual void reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) = 0;
+  virtual void barrier() = 0;
+  // Only checks that every rank made this same call (collectives whose data travels elsewhere).
+  virtual void checkCalls() = 0;
+  virtual const CallSignature& call() const = 0;
+};
+
+// First element of part i when `count` elements are split in `parts` (numpy.array_split).
+inline size_t partBegin(size_t count, int parts, int i) {
+  size_t q = count / static_cast<size_t>(parts), r = count % static_cast<size_t>(parts);
+  size_t k = static_cast<size_t>(i);
+  return k * q + (k < r ? k : r);
+}
+
+}  // namespace cyxwiz::comm

@@ -1,0 +1,153 @@
+#include "cyxwiz/comm/shm/topology.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
+
+namespace cyxwiz::comm::shm {
+
+namespace {
+
+std::string firstLine(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+std::string linkTarget(const char* path) {
+  char buf[256];
+  ssize_t n = ::readlink(path, buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("?");
+}
+
+std::string hostKey(int rank) { return makeString("cyxwiz/shm/host/", rank); }
+std::string attachedKey(int rank) { return makeString("cyxwiz/shm/attached/", rank); }
+const char* const kSegmentKey = "cyxwiz/shm/segment";
+
+struct Record {
+  std::string transport, identity, pidNamespace;
+};
+
+// "<transport> <pid namespace> <identity>" (the identity may hold anything but a newline).
+std::string encode(const Record& r) { return r.transport + " " + r.pidNamespace + " " + r.identity; }
+Record decode(const std::string& s) {
+  Record r;
+  std::istringstream in(s);
+  in >> r.transport >> r.pidNamespace;
+  std::getline(in >> std::ws, r.identity);
+  return r;
+}
+
+}  // namespace
+
+std::string hostIdentity() {
+  struct stat st {};
+  std::string shmDir = ::stat("/dev/shm", &st) == 0 ? makeString(st.st_dev, ":", st.st_ino) : std::string("none");
+  return makeString("boot ", firstLine("/proc/sys/kernel/random/boot_id"), " ipc ", linkTarget("/proc/self/ns/ipc"),
+                    " shm ", shmDir, " uid ", ::getuid());
+}
+
+std::unique_ptr<Group> formGroup(const DistributedConfig& config, Store& store, Deadline deadline, std::string* whyNot) {
+  const int n = config.worldSize, me = config.rank;
+  const Record mine{config.transport, hostIdentity(), linkTarget("/proc/self/ns/pid")};
+  store.set(hostKey(me), encode(mine), deadline);
+  std::vector<Record> all;
+  for (int r = 0; r < n; ++r) all.push_back(r == me ? mine : decode(store.get(hostKey(r), deadline)));
+
+  for (int r = 0; r < n; ++r) {
+    if (all[r].transport != mine.transport) {
+      throw InvalidArgument(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT differs between ranks: rank ", me, " has '",
+                                       mine.transport, "', rank ", r, " has '", all[r].transport,
+                                       "'; set the same value on every rank (or none: auto)"));
+    }
+  }
+  if (mine.transport == "tcp") {
+    *whyNot = "CYXWIZ_TRANSPORT=tcp";
+    return nullptr;
+  }
+  // Measured against rank 0, so that every rank names the same ranks.
+  std::vector<int> elsewhere;
+  for (int r = 1; r < n; ++r) {
+    if (all[r].identity != all[0].identity) elsewhere.push_back(r);
+  }
+  if (!elsewhere.empty()) {
+    std::string list;
+    for (int r : elsewhere) list += makeString(list.empty() ? "" : ", ", r);
+    *whyNot = makeString(elsewhere.size() == 1 ? "rank " : "ranks ", list, elsewhere.size() == 1 ? " is" : " are", " on another host than rank 0 (or in another IPC namespace or /dev/shm)");
+    if (mine.transport == "shm") {
+      throw InvalidArgument(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT=shm, but ", *whyNot,
+                                       "; shared memory needs every rank on one host: unset CYXWIZ_TRANSPORT (auto) "
+                                       "or set it to tcp"));
+    }
+    return nullptr;
+  }
+
+  // Rank 0 creates; everyone attaches and reads the token back; rank 0 unlinks once all answered.
+  const size_t bytes = Group::segmentBytes(n, kHalfBytes);
+  Segment segment;
+  std::string problem;
+  if (me == 0) {
+    try {
+      segment = Segment::create(bytes);
+      std::string token = randomHex(Group::kTokenBytes / 2);
+      Group::format(segment, n, kHalfBytes, token);
+      store.set(kSegmentKey, segment.name() + " " + token, deadline);
+    } catch (const Error& e) {
+      problem = e.what();
+      store.set(kSegmentKey, "- " + problem, deadline);
+    }
+  } else {
+    std::istringstream published(store.get(kSegmentKey, deadline));
+    std::string name, token;
+    published >> name;
+    std::getline(published >> std::ws, token);
+    if (name == "-") {
+      problem = "rank 0 could not create the segment: " + token;
+    } else {
+      try {
+        segment = Segment::attach(name, bytes);
+        problem = Group::verify(segment, n, kHalfBytes, token);
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+    }
+  }
+  std::unique_ptr<Group> group;
+  if (problem.empty()) {
+    group = std::make_unique<Group>(std::move(segment), [n] {
+      std::vector<int> ranks(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) ranks[static_cast<size_t>(r)] = r;
+      return ranks;
+    }(), me, kHalfBytes);
+    group->control(me).pid = static_cast<int32_t>(::getpid());  // before we answer: peers read it after
+  }
+  store.set(attachedKey(me), problem.empty() ? "ok" : "no " + problem, deadline);
+
+  std::vector<std::string> failures;
+  for (int r = 0; r < n; ++r) {
+    std::string answer = r == me ? (problem.empty() ? "ok" : "no " + problem) : store.get(attachedKey(r), deadline);
+    if (answer != "ok") failures.push_back(makeString("rank ", r, ": ", answer.substr(3)));
+  }
+  if (me == 0 && group) group->segment().unlink();
+  if (!failures.empty()) {
+    *whyNot = makeString("shared memory could not be shared (", failures.front(), ")");
+    if (mine.transport == "shm") {
+      throw BackendError(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT=shm, but ", *whyNot,
+                                    "; unset CYXWIZ_TRANSPORT (auto) to fall back to TCP"));
+    }
+    return nullptr;
+  }
+  bool samePids = true;
+  for (const Record& r : all) samePids = samePids && r.pidNamespace == mine.pidNamespace;
+  group->checkPids = samePids;
+  return group;
+}
+
+}  // namespace cyxwiz::comm::shm

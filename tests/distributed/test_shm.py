@@ -1,0 +1,139 @@
+"""The shared-memory transport: when it is chosen, what CYXWIZ_TRANSPORT does, and that its segment
+lives in /dev/shm only while the ranks attach.
+
+The collectives over it are checked against numpy by test_collectives.py and test_collective_dtypes.py
+(both transports), its failures (a peer killed, stopped, finalized, Ctrl-C, a mismatch) by
+test_failures.py, which runs on it by default and again over TCP in .ci/run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+
+import pytest
+from harness import shm_segments
+
+import pycyxwiz as cx
+
+INIT_AND_REPORT = r'''
+import json, os, sys, time
+import numpy as np
+import pycyxwiz as cx
+d = cx.distributed
+try:
+    d.init()
+except Exception as e:
+    print(json.dumps({"error": type(e).__name__, "msg": str(e)}))
+    sys.exit(3)
+x = np.full(100000, d.get_rank() + 1, np.float32)
+d.all_reduce(x)
+maps = open("/proc/self/maps").read()
+mapped = sorted({line.split()[-2] if line.endswith("(deleted)") else line.split()[-1]
+                 for line in maps.splitlines() if "/dev/shm/cyxwiz" in line})
+print(json.dumps({"transport": d.get_config().transport, "sum": float(x[0]), "mapped": mapped,
+                  "deleted": all(line.endswith("(deleted)") for line in maps.splitlines() if "/dev/shm/cyxwiz" in line),
+                  "in_dev_shm": sorted(n for n in os.listdir("/dev/shm") if n.startswith("cyxwiz"))}), flush=True)
+if os.environ.get("HOLD"):
+    while not os.path.exists(os.environ["HOLD"]):
+        time.sleep(0.05)
+d.finalize()
+'''
+
+
+def _line_within(p: subprocess.Popen, seconds: float) -> str:
+    ready, _, _ = select.select([p.stdout], [], [], seconds)
+    assert ready, f"rank {p.rank} printed nothing within {seconds} s"
+    line = p.stdout.readline()
+    assert line, f"rank {p.rank} exited: {p.wait(5)} {p.stderr.read()}"
+    return line
+
+
+def reports(ranks, results):
+    assert all(r.out.strip() for r in results), ranks.report(results)
+    return [json.loads(r.out.strip().splitlines()[-1]) for r in results]
+
+
+@pytest.mark.parametrize("setting, expected", [(None, "shm"), ("auto", "shm"), ("shm", "shm"), ("tcp", "tcp"), ("", "shm")])
+def test_one_host_takes_shared_memory_unless_told(ranks, setting, expected):
+    env = {} if setting is None else {"CYXWIZ_TRANSPORT": setting}
+    results = ranks.run(INIT_AND_REPORT, 3, env=env)
+    assert all(r.rc == 0 for r in results), ranks.report(results)
+    for rep in reports(ranks, results):
+        assert rep["transport"] == expected and rep["sum"] == 6.0, rep
+        # Mapped while in use, but no longer in /dev/shm: rank 0 unlinked it once every rank attached.
+        assert rep["in_dev_shm"] == [] and rep["deleted"], rep
+        assert len(rep["mapped"]) == (1 if expected == "shm" else 0), rep
+
+
+def test_segment_is_gone_from_dev_shm_while_the_ranks_run_and_after_sigkill(ranks, tmp_path):
+    hold = tmp_path / "release"
+    before = shm_segments()
+    procs = ranks.start(INIT_AND_REPORT, 2, env={"HOLD": str(hold)})
+    lines = [json.loads(_line_within(p, 60)) for p in procs]  # after init and an all-reduce; then they hold
+    assert all(rep["transport"] == "shm" for rep in lines), lines
+    assert shm_segments() - before == set(), "a segment is still linked while the ranks run"
+    for p in procs:
+        p.kill()
+    ranks.wait(procs, timeout=20)
+    assert shm_segments() - before == set()
+
+
+def test_transport_values_are_checked(monkeypatch):
+    monkeypatch.setenv("CYXWIZ_TRANSPORT", "infiniband")
+    with pytest.raises(ValueError, match=r"CYXWIZ_TRANSPORT='infiniband' is not a transport: expected auto .*tcp or shm"):
+        cx.distributed.DistributedConfig.from_environment()
+    monkeypatch.delenv("CYXWIZ_TRANSPORT")
+    c = cx.distributed.DistributedConfig()
+    assert c.transport == "auto"
+    c.transport = "udp"
+    with pytest.raises(ValueError, match=r"DistributedConfig.transport='udp' is not a transport"):
+        cx.distributed.init(c)
+
+
+def test_ranks_that_disagree_on_the_transport_all_say_so(ranks):
+    results = ranks.run(INIT_AND_REPORT, 2, rank_env={1: {"CYXWIZ_TRANSPORT": "tcp"}}, timeout=60)
+    for r, rep in zip(results, reports(ranks, results)):
+        assert r.rc == 3 and rep["error"] == "ValueError", ranks.report(results)
+        assert "CYXWIZ_TRANSPORT differs between ranks" in rep["msg"] and "'auto'" in rep["msg"] and "'tcp'" in rep["msg"], rep
+        assert rep["msg"].startswith(f"[rank {r.rank}/2] init: "), rep
+
+
+def _private_dev_shm_command(python_args: list[str]) -> list[str]:
+    """A rank in its own IPC and mount namespace with its own tmpfs on /dev/shm: another host, as far
+    as shared memory goes (the recipe of ../shared/tools/simhosts.sh, without the network part)."""
+    script = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"'
+    return ["unshare", "--ipc", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *python_args]
+
+
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(_private_dev_shm_command(["true"]), capture_output=True, timeout=20)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="namespaces are Linux only")
+@pytest.mark.parametrize("setting", ["auto", "shm"])
+def test_a_rank_that_cannot_share_memory_means_tcp_or_a_clear_error(ranks, setting):
+    if not _can_unshare():
+        pytest.skip("needs root and unshare(1) to give a rank its own IPC namespace and /dev/shm")
+    path = ranks.script(INIT_AND_REPORT)
+    procs = [ranks.popen([sys.executable, str(path)], ranks.env(0, 2, {"CYXWIZ_TRANSPORT": setting}), rank=0),
+             ranks.popen(_private_dev_shm_command([sys.executable, str(path)]),
+                         ranks.env(1, 2, {"CYXWIZ_TRANSPORT": setting}), rank=1)]
+    results = ranks.wait(procs, timeout=60)
+    reps = reports(ranks, results)
+    if setting == "auto":
+        assert all(r.rc == 0 for r in results), ranks.report(results)
+        assert [rep["transport"] for rep in reps] == ["tcp", "tcp"] and all(rep["sum"] == 3.0 for rep in reps), reps
+    else:
+        for r, rep in zip(results, reps):
+            assert r.rc == 3 and rep["error"] == "ValueError", ranks.report(results)
+            assert "CYXWIZ_TRANSPORT=shm, but rank 1 is on another host than rank 0" in rep["msg"], rep
+            assert rep["msg"].startswith(f"[rank {r.rank}/2] init: "), rep
+            assert "unset CYXWIZ_TRANSPORT (auto) or set it to tcp" in rep["msg"], rep
