@@ -43,13 +43,14 @@ def _run_rank(fn: Callable, local_rank: int, args: Sequence[Any], results) -> No
         os.setsid()  # a process group of its own: what the rank starts is stopped with it (see _stop)
     try:
         value = fn(local_rank, *args)
-    except BaseException:  # noqa: BLE001 - a rank's failure, whatever it is, goes to the parent
-        results.put((local_rank, False, traceback.format_exc()))
+    except BaseException as e:  # noqa: BLE001 - a rank's failure, whatever it is, goes to the parent
+        from . import DistError  # a DistError is usually what another rank's failure did to this one
+        results.put((local_rank, False, (traceback.format_exc(), isinstance(e, DistError))))
         raise SystemExit(1)
     try:
         results.put((local_rank, True, value))
     except Exception as e:  # noqa: BLE001 - an unpicklable result must not look like success
-        results.put((local_rank, False, f"its return value could not be sent to the parent: {e!r}"))
+        results.put((local_rank, False, (f"its return value could not be sent to the parent: {e!r}", False)))
         raise SystemExit(1)
 
 
@@ -130,23 +131,40 @@ def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: in
 def _join(processes: list, results, timeout: Optional[float]) -> list:
     deadline = None if timeout is None else time.monotonic() + timeout
     values: dict[int, Any] = {}
-    errors: dict[int, str] = {}
+    errors: dict[int, tuple[str, bool]] = {}  # local rank: (traceback, is a DistError)
+    running = {p.sentinel: (local_rank, p) for local_rank, p in enumerate(processes)}
+
+    def ended(sentinels) -> list:
+        """(local rank, exit code) of those of `sentinels` that failed; all of them leave `running`."""
+        failed = []
+        for sentinel in sentinels:
+            local_rank, p = running.pop(sentinel)
+            exit_code = wait_unreaped(p.pid, lambda p=p: (p.join(), p.exitcode)[1])
+            while not results.empty():  # what it sent just before it exited
+                r, ok, payload = results.get()
+                (values if ok else errors)[r] = payload
+            if exit_code != 0 or local_rank in errors:
+                failed.append((local_rank, exit_code))
+        return failed
+
+    def consequence(failure) -> bool:
+        return failure[0] in errors and errors[failure[0]][1]
+
     try:
-        running = {p.sentinel: (local_rank, p) for local_rank, p in enumerate(processes)}
         while running:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready = multiprocessing.connection.wait(list(running), timeout=None if left is None else min(left, 1.0))
             while not results.empty():
                 local_rank, ok, payload = results.get()
                 (values if ok else errors)[local_rank] = payload
-            for sentinel in ready:
-                local_rank, p = running.pop(sentinel)
-                exit_code = wait_unreaped(p.pid, lambda p=p: (p.join(), p.exitcode)[1])
-                while not results.empty():  # what it sent just before it exited
-                    r, ok, payload = results.get()
-                    (values if ok else errors)[r] = payload
-                if exit_code != 0 or local_rank in errors:
-                    raise _failure(local_rank, exit_code, errors.get(local_rank))
+            failed = ended(ready)
+            if failed:
+                # The cause is a rank whose failure is not a DistError: a peer that exits makes the others
+                # raise one at once (over shared memory especially), maybe before its own exit is seen.
+                if all(consequence(f) for f in failed) and running:
+                    failed += ended(multiprocessing.connection.wait(list(running), timeout=2.0))
+                local_rank, exit_code = min(failed, key=consequence)
+                raise _failure(local_rank, exit_code, errors[local_rank][0] if local_rank in errors else None)
             if deadline is not None and time.monotonic() >= deadline and running:
                 still = sorted(r for r, _ in running.values())
                 raise SpawnError(f"spawn: ranks {still} still running after the timeout of {timeout} s; stopped them. "

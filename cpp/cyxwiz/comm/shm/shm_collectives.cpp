@@ -140,8 +140,10 @@ void ShmCollectives::checkWhileWaiting(int peer, uint32_t phase, Deadline deadli
   }
   const bool left = g_.control(peer).left.load() != 0;
   if (left || g_.peerGone(peer)) {
-    // The monitor usually has the cause (it died; it failed first): give it a moment, as on TCP.
-    if (!left && monitor_ != nullptr) {
+    // The monitor usually has the cause (it died; it failed first): give it a moment, as on TCP. That
+    // moment also lets a peer that raised on its own exit before this rank's consequential error does,
+    // so that launchers, which report the first rank to exit, name the cause.
+    if (monitor_ != nullptr) {
       if (auto failure = monitor_->waitForNotice(Clock::now() + std::chrono::milliseconds(2000))) {
         raiseFailure(failure->kind, makeString(what(), ": ", noticeText(*failure)));
       }
