@@ -31,6 +31,21 @@ std::string hostKey(int rank) { return makeString("cyxwiz/shm/host/", rank); }
 std::string attachedKey(int rank) { return makeString("cyxwiz/shm/attached/", rank); }
 const char* const kSegmentKey = "cyxwiz/shm/segment";
 
+// Every rank reaches the same verdict from the same records. Rank 0 serves the store: raising first,
+// it would take the store down under ranks still reading them, which would then report that instead
+// of the verdict. So every rank says it has read them, and rank 0 raises only once all have.
+[[noreturn]] void raiseTogether(Store& store, const DistributedConfig& config, const char* stage, Deadline deadline,
+                                const Error& error) {
+  store.set(makeString("cyxwiz/shm/", stage, "/", config.rank), "1", deadline);
+  if (config.rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < config.worldSize; ++r) keys.push_back(makeString("cyxwiz/shm/", stage, "/", r));
+    store.waitAll(keys, deadline);
+  }
+  if (dynamic_cast<const InvalidArgument*>(&error)) throw InvalidArgument(error.what());
+  throw BackendError(error.what());
+}
+
 struct Record {
   std::string transport, identity, pidNamespace;
 };
@@ -63,9 +78,9 @@ std::unique_ptr<Group> formGroup(const DistributedConfig& config, Store& store, 
 
   for (int r = 0; r < n; ++r) {
     if (all[r].transport != mine.transport) {
-      throw InvalidArgument(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT differs between ranks: rank ", me, " has '",
+      raiseTogether(store, config, "read", deadline, InvalidArgument(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT differs between ranks: rank ", me, " has '",
                                        mine.transport, "', rank ", r, " has '", all[r].transport,
-                                       "'; set the same value on every rank (or none: auto)"));
+                                       "'; set the same value on every rank (or none: auto)")));
     }
   }
   if (mine.transport == "tcp") {
@@ -82,9 +97,10 @@ std::unique_ptr<Group> formGroup(const DistributedConfig& config, Store& store, 
     for (int r : elsewhere) list += makeString(list.empty() ? "" : ", ", r);
     *whyNot = makeString(elsewhere.size() == 1 ? "rank " : "ranks ", list, elsewhere.size() == 1 ? " is" : " are", " on another host than rank 0 (or in another IPC namespace or /dev/shm)");
     if (mine.transport == "shm") {
-      throw InvalidArgument(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT=shm, but ", *whyNot,
-                                       "; shared memory needs every rank on one host: unset CYXWIZ_TRANSPORT (auto) "
-                                       "or set it to tcp"));
+      raiseTogether(store, config, "read", deadline,
+                    InvalidArgument(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT=shm, but ", *whyNot,
+                                               "; shared memory needs every rank on one host: unset CYXWIZ_TRANSPORT "
+                                               "(auto) or set it to tcp")));
     }
     return nullptr;
   }
@@ -139,8 +155,9 @@ std::unique_ptr<Group> formGroup(const DistributedConfig& config, Store& store, 
   if (!failures.empty()) {
     *whyNot = makeString("shared memory could not be shared (", failures.front(), ")");
     if (mine.transport == "shm") {
-      throw BackendError(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT=shm, but ", *whyNot,
-                                    "; unset CYXWIZ_TRANSPORT (auto) to fall back to TCP"));
+      raiseTogether(store, config, "answered", deadline,
+                    BackendError(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT=shm, but ", *whyNot,
+                                            "; unset CYXWIZ_TRANSPORT (auto) to fall back to TCP")));
     }
     return nullptr;
   }
