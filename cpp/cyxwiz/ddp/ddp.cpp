@@ -5,12 +5,12 @@
 #include <thread>
 #include <utility>
 
+#include "cyxwiz/comm/exchange.h"
 #include "cyxwiz/comm/nccl/nccl_backend.h"
 #include "cyxwiz/comm/process_group.h"
 #include "cyxwiz/common/env.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
-#include "cyxwiz/ddp/exchange.h"
 
 namespace cyxwiz::ddp {
 
@@ -87,7 +87,7 @@ DistributedDataParallel::~DistributedDataParallel() {
 void DistributedDataParallel::checkSameArchitecture() {
   std::string summary;
   for (const auto& m : model_->modules()) summary += (summary.empty() ? "" : " -> ") + m->repr();
-  std::vector<std::string> all = allGatherStrings(*backend_, fingerprint_ + "\n" + summary);
+  std::vector<std::string> all = comm::allGatherStrings(*backend_, fingerprint_ + "\n" + summary);
   bool same = true;
   for (const std::string& s : all) same = same && s.substr(0, s.find('\n')) == fingerprint_;
   if (same) return;
@@ -255,7 +255,7 @@ void DistributedDataParallel::compareAcrossRanks() {
   std::vector<double> mine;
   for (nn::Parameter* p : params) mine.push_back(checksum(p->grad));
   for (nn::Parameter* p : params) mine.push_back(checksum(p->value));
-  std::vector<double> all = allGatherDoubles(*backend_, mine);
+  std::vector<double> all = comm::allGatherDoubles(*backend_, mine);
   std::vector<std::string> names = parameterNames();
   for (size_t k = 0; k < 2 * n; ++k) {
     const bool isGrad = k < n;

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "cyxwiz/comm/cpu/cpu_backend.h"
+#include "cyxwiz/comm/exchange.h"
 #include "cyxwiz/comm/reduce.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
-#include "cyxwiz/ddp/exchange.h"
 #include "cyxwiz/device/cuda.h"
 
 namespace cyxwiz::comm {
@@ -114,7 +114,7 @@ void NcclBackend::checkDuplicateGpu() {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   const std::string key = props.uuid + "|" + props.pciBusId;
-  std::vector<std::string> keys = ddp::allGatherStrings(*cpu_, key);
+  std::vector<std::string> keys = allGatherStrings(*cpu_, key);
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   for (int r = 0; r < config_.worldSize; ++r) {
     if (r != config_.rank && keys[static_cast<size_t>(r)] == key) {
