@@ -20,8 +20,6 @@ namespace cyxwiz::comm {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // The CUDA library's ElemType (a fixed ABI) has the first four DType codes, and only those.
 bool hasElemType(DType d) {
   switch (d) {
@@ -162,7 +160,7 @@ void NcclBackend::checkUsable(const char* what) {
   CYX_CHECK(comm_, what, ": the NCCL backend is shut down");
 }
 
-void NcclBackend::pollUntil(const std::string& what, Clock::time_point deadline, const std::function<bool()>& done) {
+void NcclBackend::pollUntil(const std::string& what, Deadline deadline, const std::function<bool()>& done) {
   const auto start = Clock::now();
   auto lastInterruptCheck = start;
   for (;;) {
@@ -189,7 +187,7 @@ void NcclBackend::pollUntil(const std::string& what, Clock::time_point deadline,
   }
 }
 
-void NcclBackend::awaitComm(const std::string& what, Clock::time_point deadline) {
+void NcclBackend::awaitComm(const std::string& what, Deadline deadline) {
   pollUntil(what, deadline, [this, &what] {
     bool inProgress = false;
     cuda::Status s = api_->ncclState(comm_, &inProgress);
@@ -198,7 +196,7 @@ void NcclBackend::awaitComm(const std::string& what, Clock::time_point deadline)
   });
 }
 
-void NcclBackend::awaitEvent(void* event, const std::string& what, Clock::time_point deadline) {
+void NcclBackend::awaitEvent(void* event, const std::string& what, Deadline deadline) {
   pollUntil(what, deadline, [this, event, &what] {
     bool done = false;
     cuda::Status s = api_->eventQuery(event, &done);

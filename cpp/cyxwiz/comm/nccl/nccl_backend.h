@@ -10,7 +10,6 @@
 // The first error breaks the backend; later calls fail at once with it.
 #pragma once
 
-#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "cyxwiz/comm/backend.h"
+#include "cyxwiz/comm/deadline.h"
 #include "cyxwiz/cuda/api.h"
 
 namespace cyxwiz::comm {
@@ -45,9 +45,9 @@ class NcclBackend final : public Backend {
 
   // Polls until the communicator has finished enqueuing (or initialising); aborts it and throws on
   // error or when `deadline` passes. `what` names the operation in the message.
-  void awaitComm(const std::string& what, std::chrono::steady_clock::time_point deadline);
+  void awaitComm(const std::string& what, Deadline deadline);
   // Polls `event` the same way; used by the collectives' Work.
-  void awaitEvent(void* event, const std::string& what, std::chrono::steady_clock::time_point deadline);
+  void awaitEvent(void* event, const std::string& what, Deadline deadline);
 
   // CUDA graphs (Backend's contract). A captured collective's completion is an edge of the graph;
   // the replay is then awaited as a whole with awaitEvent, watching the communicator (abort and
@@ -69,8 +69,7 @@ class NcclBackend final : public Backend {
                                 bool async);
   // Naps (20 us for the first 20 ms, then 1 ms) until `done`, watching the communicator's
   // asynchronous error, the deadline (abort + DistTimeoutError) and Ctrl-C.
-  void pollUntil(const std::string& what, std::chrono::steady_clock::time_point deadline,
-                 const std::function<bool()>& done);
+  void pollUntil(const std::string& what, Deadline deadline, const std::function<bool()>& done);
   // Runs a collective into `out` when it is on the GPU, else into a device copy that is copied back.
   std::shared_ptr<Work> onDevice(const Tensor& out, const std::function<std::shared_ptr<Work>(const Tensor&)>& run);
   void checkDuplicateGpu();
