@@ -39,6 +39,19 @@ std::shared_ptr<Work> Backend::allToAll(const Tensor&, const Tensor&, const std:
 std::shared_ptr<Work> Backend::send(const Tensor&, int, int64_t) { unsupported("send"); }
 std::shared_ptr<Work> Backend::recv(const Tensor&, int, int64_t) { unsupported("recv"); }
 
+void Backend::setCapturing(bool) { unsupported("CUDA graph capture"); }
+void Backend::computeWaitsForCollectives() { unsupported("CUDA graph capture"); }
+void Backend::awaitReplay(void*, const std::string&) { unsupported("CUDA graph capture"); }
+void Backend::addGraphHolder(GraphHolder*) { unsupported("CUDA graph capture"); }
+void Backend::removeGraphHolder(GraphHolder*) {}
+
+bool Backend::allAgree(bool ok) {
+  Tensor flag = Tensor::zeros({1}, DType::Int32);
+  *static_cast<int32_t*>(flag.rawData()) = ok ? 1 : 0;
+  allReduce(flag, ReduceOp::Min, false)->wait();
+  return *static_cast<const int32_t*>(flag.rawData()) == 1;
+}
+
 CallSignature callSignature(Collective c, const Tensor& t, ReduceOp op, int root) {
   CallSignature s;
   s.collective = c;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,40 @@ class Backend {
   virtual std::shared_ptr<Work> recv(const Tensor& data, int src, int64_t tag);
   // Waits for queued work, says goodbye to the job, closes connections. Idempotent.
   virtual void shutdown() = 0;
+
+  // The GPU whose streams run this backend's collectives (NCCL), or none: the CPU backend takes
+  // tensors anywhere and moves GPU ones through host memory. DDP moves the model there.
+  virtual std::optional<Device> device() const { return std::nullopt; }
+
+  // CUDA graphs (ddp::GraphedStep). Only a backend whose collectives run on the GPU's streams can
+  // be captured; the defaults below fail with "<backend> does not support CUDA graph capture".
+  virtual bool supportsGraphCapture() const { return false; }
+  // While capturing, a collective's Work.wait makes the compute stream wait for it (a graph edge)
+  // instead of polling on the host, which capture forbids.
+  virtual void setCapturing(bool capturing);
+  // Makes the compute stream wait for every collective queued so far: a replay's collectives must
+  // not run beside a pending async one.
+  virtual void computeWaitsForCollectives();
+  // Waits for `event` (recorded after a replay) as for a collective: bounded by
+  // DISTRIBUTED_TIMEOUT_MS, throws on error or timeout. `what` names it in the message.
+  virtual void awaitReplay(void* event, const std::string& what);
+
+  // Something that holds a CUDA graph with this backend's collectives in it: shutdown and failure
+  // drop the graph first, since a communicator cannot be finalized or aborted while a graph holds it.
+  class GraphHolder {
+   public:
+    // Destroys the graph, after waiting for its last replay when `wait` (shutdown; not after a
+    // failure, whose replay may never finish).
+    virtual void dropGraph(bool wait) noexcept = 0;
+
+   protected:
+    ~GraphHolder() = default;
+  };
+  virtual void addGraphHolder(GraphHolder* holder);
+  // Blocks while shutdown is dropping it. The default does nothing: nothing could be added.
+  virtual void removeGraphHolder(GraphHolder* holder);
+  // True when every rank passes `ok` (a host all_reduce, bounded by DISTRIBUTED_TIMEOUT_MS).
+  virtual bool allAgree(bool ok);
 
  protected:
   [[noreturn]] void unsupported(const char* collective) const;

@@ -12,6 +12,7 @@
 #include "cyxwiz/comm/config.h"
 #include "cyxwiz/comm/cpu/socket.h"
 #include "cyxwiz/comm/cpu/wire.h"
+#include "cyxwiz/comm/deadline.h"
 
 namespace cyxwiz::comm {
 

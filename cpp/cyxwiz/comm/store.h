@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "cyxwiz/comm/cpu/socket.h"
+#include "cyxwiz/comm/deadline.h"
 
 namespace cyxwiz::comm {
 

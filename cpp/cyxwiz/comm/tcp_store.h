@@ -4,6 +4,7 @@
 #include "cyxwiz/comm/config.h"
 #include "cyxwiz/comm/cpu/handshake.h"
 #include "cyxwiz/comm/cpu/wire.h"
+#include "cyxwiz/comm/deadline.h"
 #include "cyxwiz/comm/store.h"
 
 namespace cyxwiz::comm {

@@ -2,15 +2,15 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <utility>
 
-#include "cyxwiz/comm/nccl/nccl_backend.h"
+#include "cyxwiz/comm/exchange.h"
 #include "cyxwiz/comm/process_group.h"
 #include "cyxwiz/common/env.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
-#include "cyxwiz/ddp/exchange.h"
 
 namespace cyxwiz::ddp {
 
@@ -29,10 +29,10 @@ double checksum(const Tensor& t) {
 
 bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
-bool overlapPolicy(const comm::DistributedConfig& config, bool onNccl) {
-  // NCCL runs on its own stream and costs the host only the launch: always worth overlapping.
+bool overlapPolicy(const comm::DistributedConfig& config, bool onGpu) {
+  // A GPU backend (NCCL) runs on its own stream and costs the host only a launch: always overlap.
   const long cores = static_cast<long>(std::thread::hardware_concurrency());
-  return envFlag("CYXWIZ_DDP_OVERLAP", onNccl || 2L * comm::ranksOnThisHost(config) <= cores);
+  return envFlag("CYXWIZ_DDP_OVERLAP", onGpu || 2L * comm::ranksOnThisHost(config) <= cores);
 }
 
 }  // namespace
@@ -49,15 +49,16 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   }
   fingerprint_ = model_->architectureFingerprint();
   moduleCount_ = model_->size();
-  const auto* nccl = dynamic_cast<const comm::NcclBackend*>(backend_.get());
-  if (nccl && model_->device() != nccl->device()) {
+  const std::optional<Device> gpu = backend_->device();
+  if (gpu && model_->device() != *gpu) {
     CYX_CHECK(model_->device().type == DeviceType::CPU, "DistributedDataParallel: the model is on ",
-              model_->device().str(), " but this rank's NCCL communicator drives ", nccl->device().str(),
-              " (LOCAL_RANK); leave the model on the CPU and DDP moves it, or move it to ", nccl->device().str());
-    model_->to(nccl->device());  // the guide's scripts never move the model themselves
-    logInfo(makeString("DistributedDataParallel: model moved to ", nccl->device().str(), " for the nccl backend"));
+              model_->device().str(), " but this rank's NCCL communicator drives ", gpu->str(),
+              " (LOCAL_RANK); leave the model on the CPU and DDP moves it, or move it to ", gpu->str());
+    model_->to(*gpu);  // the guide's scripts never move the model themselves
+    logInfo(makeString("DistributedDataParallel: model moved to ", gpu->str(), " for the ", backend_->name(),
+                       " backend"));
   }
-  overlap_ = overlapPolicy(backend_->config(), nccl != nullptr);
+  overlap_ = overlapPolicy(backend_->config(), gpu.has_value());
   if (worldSize() > 1) {
     checkSameArchitecture();
     if (config.broadcastParameters) broadcastParameters();
@@ -87,7 +88,7 @@ DistributedDataParallel::~DistributedDataParallel() {
 void DistributedDataParallel::checkSameArchitecture() {
   std::string summary;
   for (const auto& m : model_->modules()) summary += (summary.empty() ? "" : " -> ") + m->repr();
-  std::vector<std::string> all = allGatherStrings(*backend_, fingerprint_ + "\n" + summary);
+  std::vector<std::string> all = comm::allGatherStrings(*backend_, fingerprint_ + "\n" + summary);
   bool same = true;
   for (const std::string& s : all) same = same && s.substr(0, s.find('\n')) == fingerprint_;
   if (same) return;
@@ -255,7 +256,7 @@ void DistributedDataParallel::compareAcrossRanks() {
   std::vector<double> mine;
   for (nn::Parameter* p : params) mine.push_back(checksum(p->grad));
   for (nn::Parameter* p : params) mine.push_back(checksum(p->value));
-  std::vector<double> all = allGatherDoubles(*backend_, mine);
+  std::vector<double> all = comm::allGatherDoubles(*backend_, mine);
   std::vector<std::string> names = parameterNames();
   for (size_t k = 0; k < 2 * n; ++k) {
     const bool isGrad = k < n;

@@ -1,6 +1,5 @@
 #include "cyxwiz/ddp/graphed_step.h"
 
-#include "cyxwiz/comm/nccl/nccl_backend.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 #include "cyxwiz/device/cuda.h"
@@ -11,7 +10,7 @@ namespace cyxwiz::ddp {
 std::string GraphedStep::unsupportedReason(const DistributedDataParallel& ddp) {
   const nn::SequentialModel& model = *ddp.model();
   if (model.device().type != DeviceType::CUDA) return "the model is on the CPU (CUDA graphs need a GPU model)";
-  if (ddp.worldSize() > 1 && !dynamic_cast<const comm::NcclBackend*>(ddp.backend().get())) {
+  if (ddp.worldSize() > 1 && !ddp.backend()->supportsGraphCapture()) {
     return "the CPU backend moves GPU gradients through host memory, which a CUDA graph cannot contain; use "
            "DISTRIBUTED_BACKEND=nccl";
   }
@@ -25,7 +24,7 @@ GraphedStep::GraphedStep(DistributedDataParallel& ddp, nn::Optimizer& optimizer,
     : ddp_(ddp),
       optimizer_(optimizer),
       step_(std::move(step)),
-      nccl_(ddp.worldSize() > 1 ? dynamic_cast<comm::NcclBackend*>(ddp.backend().get()) : nullptr),
+      backend_(ddp.worldSize() > 1 ? ddp.backend().get() : nullptr),
       device_(ddp.model()->device()) {
   const std::string why = unsupportedReason(ddp);
   CYX_CHECK(why.empty(), "CUDA graph step: ", why);
@@ -35,7 +34,7 @@ GraphedStep::GraphedStep(DistributedDataParallel& ddp, nn::Optimizer& optimizer,
 }
 
 GraphedStep::~GraphedStep() {
-  if (nccl_) nccl_->removeGraphHolder(this);
+  if (backend_) backend_->removeGraphHolder(this);
   try {
     finish();
   } catch (...) {
@@ -94,7 +93,7 @@ bool GraphedStep::run(const Tensor& x, const Tensor& y) {
   // The draws an eager step would make, in its order: the layers' forward, then the optimizer.
   for (nn::DropoutModule* d : dropouts_) d->prepareReplay();
   optimizer_.prepareReplay(ddp_.model()->parameters());
-  if (nccl_) nccl_->computeWaitsForCollectives();
+  if (backend_) backend_->computeWaitsForCollectives();
   device::check(device::cudaApi().graphLaunch(device_.index, exec_));
   void* event = nullptr;
   device::check(device::cudaApi().recordComputeEvent(device_.index, &event));
@@ -104,9 +103,9 @@ bool GraphedStep::run(const Tensor& x, const Tensor& y) {
 }
 
 bool GraphedStep::agreeOnCapture(const std::string& refused) {
-  const bool all = nccl_ ? nccl_->allAgree(refused.empty()) : refused.empty();
+  const bool all = backend_ ? backend_->allAgree(refused.empty()) : refused.empty();
   if (all) {
-    if (nccl_) nccl_->addGraphHolder(this);
+    if (backend_) backend_->addGraphHolder(this);
     return true;
   }
   if (exec_) {
@@ -142,7 +141,7 @@ void GraphedStep::capture() {
   auto capturing = [&](bool on) {
     optimizer_.setCapturing(on);
     for (nn::DropoutModule* d : dropouts_) d->setCapturing(on);
-    if (nccl_) nccl_->setCapturing(on);
+    if (backend_) backend_->setCapturing(on);
   };
   device::check(api.graphBeginCapture(device_.index));
   capturing(true);
@@ -167,8 +166,8 @@ void GraphedStep::capture() {
 void GraphedStep::finish() {
   if (!pending_) return;
   std::shared_ptr<void> event = std::move(pending_);
-  if (nccl_) {
-    nccl_->awaitReplay(event.get(), makeString("the replayed training step #", replays_, " (CUDA graph)"));
+  if (backend_) {
+    backend_->awaitReplay(event.get(), makeString("the replayed training step #", replays_, " (CUDA graph)"));
   } else {
     // No collective in the graph: it finishes on its own.
     device::check(device::cudaApi().synchronize(device_.index));

@@ -9,11 +9,11 @@
 //    before each replay with the values an eager step would use (Optimizer::prepareReplay,
 //    DropoutModule::prepareReplay); the optimizer's state is allocated by the eager warm-up step;
 //  - the step's running loss and correct count go to device buffers that outlive the graph;
-//  - a collective's completion is a graph edge, not a host poll (NcclBackend::setCapturing);
+//  - a collective's completion is a graph edge, not a host poll (comm::Backend::setCapturing);
 //  - whatever the step allocates it frees inside the capture (the layers drop their caches before
 //    the capture ends), so every replay starts from the same memory and nothing leaks.
 // Nothing waits forever: before the next replay and before any host read, the last replay is awaited
-// with the NCCL backend's timeout and abort, as an eager collective is.
+// with the backend's timeout and abort (awaitReplay), as an eager collective is.
 #pragma once
 
 #include <functional>
@@ -21,13 +21,13 @@
 #include <string>
 #include <vector>
 
-#include "cyxwiz/comm/nccl/nccl_backend.h"
+#include "cyxwiz/comm/backend.h"
 #include "cyxwiz/ddp/ddp.h"
 #include "cyxwiz/nn/dropout.h"
 
 namespace cyxwiz::ddp {
 
-class GraphedStep final : public comm::NcclBackend::GraphHolder {
+class GraphedStep final : public comm::Backend::GraphHolder {
  public:
   // Runs one step on (x, y), both on the model's device; the same function is run eagerly and captured.
   using Step = std::function<void(const Tensor& x, const Tensor& y)>;
@@ -67,7 +67,7 @@ class GraphedStep final : public comm::NcclBackend::GraphHolder {
   DistributedDataParallel& ddp_;
   nn::Optimizer& optimizer_;
   Step step_;
-  comm::NcclBackend* nccl_;  // null: no collective in the graph (world size 1)
+  comm::Backend* backend_;   // null: no collective in the graph (world size 1)
   Device device_;
   Tensor x_, y_;             // the static inputs the graph reads
   void* exec_ = nullptr;     // the instantiated graph

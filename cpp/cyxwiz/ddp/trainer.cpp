@@ -8,10 +8,10 @@
 #include <filesystem>
 
 #include "cyxwiz/comm/backend.h"
+#include "cyxwiz/comm/exchange.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 #include "cyxwiz/ddp/checkpoint.h"
-#include "cyxwiz/ddp/exchange.h"
 #include "cyxwiz/ddp/rows.h"
 #include "cyxwiz/ddp/sampler.h"
 #include "cyxwiz/ddp/train_step.h"
@@ -103,7 +103,7 @@ void DistributedTrainer::checkSameData(const char* who, const Tensor& X, const T
   // the same data shape, or the ranks would silently disagree about which rows are whose.
   std::vector<double> mine{double(X.size(0)), double(X.size(1)), y && y->dim() > 1 ? double(y->size(1)) : 0.0,
                            Xval ? double(Xval->size(0)) : -1.0};
-  std::vector<double> all = allGatherDoubles(*ddp_->backend(), mine);
+  std::vector<double> all = comm::allGatherDoubles(*ddp_->backend(), mine);
   for (int r = 1; r < worldSize(); ++r) {
     if (std::equal(all.begin(), all.begin() + mine.size(), all.begin() + r * mine.size())) continue;
     auto describe = [&](int k) {
@@ -150,7 +150,7 @@ TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
     report({ProgressEvent::Kind::EpochBegin, epoch + 1, config.epochs, 0, batches.numBatches()}, config.verbose);
     step.reset();
     trainEpoch(X, y, batches, epoch, config, step);
-    std::vector<double> total = allReduceSum(*ddp_->backend(), step.totals());
+    std::vector<double> total = comm::allReduceSum(*ddp_->backend(), step.totals());
     const double epochSeconds = secondsSince(epochStart);
     samples += total[2];
     trainSeconds += epochSeconds;
@@ -226,7 +226,7 @@ std::pair<double, double> DistributedTrainer::evaluate(const Tensor& X, const Te
   }
   const Tensor local = sums.to(Device{});
   std::vector<double> total =
-      allReduceSum(*ddp_->backend(), {local.data<double>()[0], local.data<double>()[1], count});
+      comm::allReduceSum(*ddp_->backend(), {local.data<double>()[0], local.data<double>()[1], count});
   const double accuracy = loss_->takesClassIndices() ? total[1] / total[2] : std::nan("");
   return {total[0] / total[2], accuracy};
 }
@@ -266,7 +266,7 @@ void DistributedTrainer::writeCheckpoint(const std::string& path, bool everyRank
   state.worldSize = worldSize();
   state.optimizerType = optimizer_->typeName();
   state.optimizer = optimizer_->state();
-  state.rngStates = allGatherStrings(backend, generatorState());
+  state.rngStates = comm::allGatherStrings(backend, generatorState());
   state.history = done_;
   // "<errno> <message>" when this rank's write failed, "" when it worked or was not this rank's to do.
   std::string error;
@@ -284,7 +284,7 @@ void DistributedTrainer::writeCheckpoint(const std::string& path, bool everyRank
     }
   }
   // Doubles as the barrier after the save: no rank goes on before the file is complete.
-  std::vector<std::string> errors = allGatherStrings(backend, error);
+  std::vector<std::string> errors = comm::allGatherStrings(backend, error);
   for (size_t r = 0; r < errors.size(); ++r) {
     if (errors[r].empty()) continue;
     const size_t space = errors[r].find(' ');
@@ -314,7 +314,7 @@ void DistributedTrainer::loadCheckpoint(const std::string& path) {
       message.insert(message.begin(), 2);
     }
   }
-  message = broadcastBytes(backend, message, 0);
+  message = comm::broadcastBytes(backend, message, 0);
   if (message.at(0) == 1) throw FileFormatError(std::string(message.begin() + 1, message.end()));
   if (message.at(0) == 2) throw IoError(std::string(message.begin() + 2, message.end()), message.at(1));
   message.erase(message.begin());
@@ -351,7 +351,7 @@ void DistributedTrainer::resume(const TrainingConfig& config) {
       }
     }
     found.insert(found.begin(), char(status));
-    std::vector<uint8_t> bytes = broadcastBytes(*ddp_->backend(), std::vector<uint8_t>(found.begin(), found.end()), 0);
+    std::vector<uint8_t> bytes = comm::broadcastBytes(*ddp_->backend(), std::vector<uint8_t>(found.begin(), found.end()), 0);
     path.assign(bytes.begin() + 1, bytes.end());
     if (bytes.at(0) == 1) throw FileFormatError(path);
     if (path.empty()) {

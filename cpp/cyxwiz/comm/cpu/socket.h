@@ -4,18 +4,13 @@
 // store) turn them into exceptions that name the rank, the address and the operation.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
+#include "cyxwiz/comm/deadline.h"
+
 namespace cyxwiz::comm {
-
-using Clock = std::chrono::steady_clock;
-using Deadline = Clock::time_point;
-
-Deadline deadlineAfterMs(int64_t ms);
-// Milliseconds left, clamped to [0, INT_MAX] for poll().
-int msUntil(Deadline deadline);
 
 struct IoStatus {
   enum Kind { Ok, Closed, TimedOut, Failed } kind = Ok;

@@ -10,17 +10,15 @@
 #include <vector>
 
 #include "cyxwiz/comm/cpu/cpu_backend.h"
+#include "cyxwiz/comm/exchange.h"
 #include "cyxwiz/comm/reduce.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
-#include "cyxwiz/ddp/exchange.h"
 #include "cyxwiz/device/cuda.h"
 
 namespace cyxwiz::comm {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // The CUDA library's ElemType (a fixed ABI) has the first four DType codes, and only those.
 bool hasElemType(DType d) {
@@ -114,7 +112,7 @@ void NcclBackend::checkDuplicateGpu() {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   const std::string key = props.uuid + "|" + props.pciBusId;
-  std::vector<std::string> keys = ddp::allGatherStrings(*cpu_, key);
+  std::vector<std::string> keys = allGatherStrings(*cpu_, key);
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   for (int r = 0; r < config_.worldSize; ++r) {
     if (r != config_.rank && keys[static_cast<size_t>(r)] == key) {
@@ -162,7 +160,7 @@ void NcclBackend::checkUsable(const char* what) {
   CYX_CHECK(comm_, what, ": the NCCL backend is shut down");
 }
 
-void NcclBackend::pollUntil(const std::string& what, Clock::time_point deadline, const std::function<bool()>& done) {
+void NcclBackend::pollUntil(const std::string& what, Deadline deadline, const std::function<bool()>& done) {
   const auto start = Clock::now();
   auto lastInterruptCheck = start;
   for (;;) {
@@ -189,7 +187,7 @@ void NcclBackend::pollUntil(const std::string& what, Clock::time_point deadline,
   }
 }
 
-void NcclBackend::awaitComm(const std::string& what, Clock::time_point deadline) {
+void NcclBackend::awaitComm(const std::string& what, Deadline deadline) {
   pollUntil(what, deadline, [this, &what] {
     bool inProgress = false;
     cuda::Status s = api_->ncclState(comm_, &inProgress);
@@ -198,7 +196,7 @@ void NcclBackend::awaitComm(const std::string& what, Clock::time_point deadline)
   });
 }
 
-void NcclBackend::awaitEvent(void* event, const std::string& what, Clock::time_point deadline) {
+void NcclBackend::awaitEvent(void* event, const std::string& what, Deadline deadline) {
   pollUntil(what, deadline, [this, event, &what] {
     bool done = false;
     cuda::Status s = api_->eventQuery(event, &done);

@@ -10,14 +10,15 @@
 // The first error breaks the backend; later calls fail at once with it.
 #pragma once
 
-#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cyxwiz/comm/backend.h"
+#include "cyxwiz/comm/deadline.h"
 #include "cyxwiz/cuda/api.h"
 
 namespace cyxwiz::comm {
@@ -34,7 +35,7 @@ class NcclBackend final : public Backend {
   ~NcclBackend() override;
 
   std::string name() const override { return "nccl"; }
-  Device device() const { return device_; }
+  std::optional<Device> device() const override { return device_; }
   std::shared_ptr<Work> allReduce(const Tensor& data, ReduceOp op, bool async) override;
   std::shared_ptr<Work> broadcast(const Tensor& data, int src, bool async) override;
   std::shared_ptr<Work> allGather(const Tensor& in, const Tensor& out, bool async) override;
@@ -44,46 +45,31 @@ class NcclBackend final : public Backend {
 
   // Polls until the communicator has finished enqueuing (or initialising); aborts it and throws on
   // error or when `deadline` passes. `what` names the operation in the message.
-  void awaitComm(const std::string& what, std::chrono::steady_clock::time_point deadline);
+  void awaitComm(const std::string& what, Deadline deadline);
   // Polls `event` the same way; used by the collectives' Work.
-  void awaitEvent(void* event, const std::string& what, std::chrono::steady_clock::time_point deadline);
+  void awaitEvent(void* event, const std::string& what, Deadline deadline);
 
-  // While a CUDA graph is being captured on this rank's device, a collective's Work.wait makes the
-  // compute stream wait for the collective's event (an edge of the graph) instead of polling it on
-  // the host, which capture forbids. The replay is then awaited as a whole with awaitEvent.
-  void setCapturing(bool capturing) { capturing_ = capturing; }
-  // Waits for `event` (recorded after a replay) within DISTRIBUTED_TIMEOUT_MS, watching the
-  // communicator; aborts it and throws on error or timeout.
-  void awaitReplay(void* event, const std::string& what);
-
-  // Something that holds a CUDA graph with this backend's collectives in it (GraphedStep). NCCL
-  // (>= 2.26) finalizes, destroys and aborts a communicator only once every such graph is destroyed,
-  // so shutdown() and fail() drop them first; otherwise finalize() (or exit, or a timeout's abort)
-  // with a graphed step alive would never return.
-  class GraphHolder {
-   public:
-    // Destroys the graph, after waiting for its last replay when `wait` (shutdown; not after a
-    // failure, whose replay may never finish before the abort).
-    virtual void dropGraph(bool wait) noexcept = 0;
-
-   protected:
-    ~GraphHolder() = default;
-  };
-  void addGraphHolder(GraphHolder* holder);
-  void removeGraphHolder(GraphHolder* holder);  // blocks while shutdown() is dropping it
-  // Makes the compute stream wait for every collective queued so far on the communication stream:
-  // a graph replay's collectives must not run beside a user's pending async one on this communicator.
-  void computeWaitsForCollectives();
-  // True when every rank passes `ok` (over the CPU world, bounded by DISTRIBUTED_TIMEOUT_MS).
-  bool allAgree(bool ok);
+  // CUDA graphs (Backend's contract). A captured collective's completion is an edge of the graph;
+  // the replay is then awaited as a whole with awaitEvent, watching the communicator (abort and
+  // throw on error or timeout).
+  bool supportsGraphCapture() const override { return true; }
+  void setCapturing(bool capturing) override { capturing_ = capturing; }
+  void computeWaitsForCollectives() override;
+  void awaitReplay(void* event, const std::string& what) override;
+  // NCCL (>= 2.26) finalizes, destroys and aborts a communicator only once every graph holding its
+  // collectives is destroyed, so shutdown() and fail() drop them first; otherwise finalize() (or
+  // exit, or a timeout's abort) with a graphed step alive would never return.
+  void addGraphHolder(GraphHolder* holder) override;
+  void removeGraphHolder(GraphHolder* holder) override;
+  // Over the CPU world directly: a broken communicator does not stop the vote.
+  bool allAgree(bool ok) override;
 
  private:
   std::shared_ptr<Work> enqueue(CallSignature call, const Tensor& send, const Tensor& recv, cuda::CollectiveKind kind,
                                 bool async);
   // Naps (20 us for the first 20 ms, then 1 ms) until `done`, watching the communicator's
   // asynchronous error, the deadline (abort + DistTimeoutError) and Ctrl-C.
-  void pollUntil(const std::string& what, std::chrono::steady_clock::time_point deadline,
-                 const std::function<bool()>& done);
+  void pollUntil(const std::string& what, Deadline deadline, const std::function<bool()>& done);
   // Runs a collective into `out` when it is on the GPU, else into a device copy that is copied back.
   std::shared_ptr<Work> onDevice(const Tensor& out, const std::function<std::shared_ptr<Work>(const Tensor&)>& run);
   void checkDuplicateGpu();

@@ -20,6 +20,7 @@
 #include <chrono>
 
 #include "cyxwiz/comm/collectives.h"
+#include "cyxwiz/comm/deadline.h"
 #include "cyxwiz/comm/monitor.h"
 #include "cyxwiz/comm/shm/group.h"
 #include "cyxwiz/comm/work.h"

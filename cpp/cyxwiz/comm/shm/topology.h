@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cyxwiz/comm/config.h"
+#include "cyxwiz/comm/deadline.h"
 #include "cyxwiz/comm/shm/group.h"
 #include "cyxwiz/comm/store.h"
 

@@ -1,9 +1,9 @@
-#include "cyxwiz/ddp/exchange.h"
+#include "cyxwiz/comm/exchange.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace cyxwiz::ddp {
+namespace cyxwiz::comm {
 
 namespace {
 
@@ -16,7 +16,7 @@ Tensor int64Tensor(std::vector<int64_t>& v) {
 
 }  // namespace
 
-std::vector<std::string> allGatherStrings(comm::Backend& backend, const std::string& mine) {
+std::vector<std::string> allGatherStrings(Backend& backend, const std::string& mine) {
   const int world = backend.worldSize();
   std::vector<int64_t> length{static_cast<int64_t>(mine.size())};
   std::vector<int64_t> lengths(static_cast<size_t>(world));
@@ -34,7 +34,7 @@ std::vector<std::string> allGatherStrings(comm::Backend& backend, const std::str
   return out;
 }
 
-std::vector<uint8_t> broadcastBytes(comm::Backend& backend, const std::vector<uint8_t>& bytes, int src) {
+std::vector<uint8_t> broadcastBytes(Backend& backend, const std::vector<uint8_t>& bytes, int src) {
   const bool isSource = backend.rank() == src;
   std::vector<int64_t> length{isSource ? static_cast<int64_t>(bytes.size()) : 0};
   backend.broadcast(int64Tensor(length), src, false)->wait();
@@ -46,13 +46,13 @@ std::vector<uint8_t> broadcastBytes(comm::Backend& backend, const std::vector<ui
   return std::vector<uint8_t>(start, start + length[0]);
 }
 
-std::vector<double> allReduceSum(comm::Backend& backend, std::vector<double> values) {
+std::vector<double> allReduceSum(Backend& backend, std::vector<double> values) {
   Tensor t = Tensor::fromExternal(values.data(), {static_cast<int64_t>(values.size())}, DType::Float64, nullptr);
-  backend.allReduce(t, comm::ReduceOp::Sum, false)->wait();
+  backend.allReduce(t, ReduceOp::Sum, false)->wait();
   return values;
 }
 
-std::vector<double> allGatherDoubles(comm::Backend& backend, const std::vector<double>& mine) {
+std::vector<double> allGatherDoubles(Backend& backend, const std::vector<double>& mine) {
   std::vector<double> in = mine;
   std::vector<double> out(mine.size() * static_cast<size_t>(backend.worldSize()));
   Tensor tin = Tensor::fromExternal(in.data(), {static_cast<int64_t>(in.size())}, DType::Float64, nullptr);
@@ -61,4 +61,4 @@ std::vector<double> allGatherDoubles(comm::Backend& backend, const std::vector<d
   return out;
 }
 
-}  // namespace cyxwiz::ddp
+}  // namespace cyxwiz::comm
