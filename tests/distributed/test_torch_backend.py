@@ -269,7 +269,7 @@ def test_collectives_through_torch_distributed_match_numpy(ranks, world_size):
     assert all(rep["checks"] > 20 for rep in reports)
 
 
-def run_on_both_backends(ranks, code, tmp_path, timeout):
+def run_on_both_backends(ranks, code, tmp_path, timeout, env=None):
     """Runs `code` on 2 ranks with argv [backend, tmp_path/backend]: Gloo (the oracle), then "cyxwiz"."""
     for backend in ("gloo", "cyxwiz"):
         ranks.port = free_port()
@@ -277,7 +277,7 @@ def run_on_both_backends(ranks, code, tmp_path, timeout):
         procs = []
         for r in range(2):
             procs.append(subprocess.Popen([sys.executable, str(path), backend, str(tmp_path / backend)],
-                                          env=ranks.env(r, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          env=ranks.env(r, 2, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           start_new_session=True, cwd=tmp_path))
             procs[-1].rank = r
             ranks.procs.append(procs[-1])
@@ -441,7 +441,8 @@ backend = sys.argv[1]
 dist.init_process_group(backend)
 torch.manual_seed(0)
 mesh = init_device_mesh("cpu", (WS,))
-model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+W = int(os.environ["TEST_FSDP_WIDTH"])
+model = nn.Sequential(nn.Linear(784, W), nn.ReLU(), nn.Linear(W, W), nn.ReLU(), nn.Linear(W, 10))
 for layer in model:
     if isinstance(layer, nn.Linear):
         fully_shard(layer, mesh=mesh)
@@ -463,8 +464,11 @@ print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
 
 def test_fsdp2_fully_shard_trains_as_with_gloo(ranks, tmp_path):
     """FSDP2 (fully_shard over a CPU DeviceMesh: all_gather_into_tensor and reduce_scatter_tensor on every
-    layer), 2 ranks, 5 Adam steps: every rank's shards end bit-identical to the same run on Gloo."""
-    run_on_both_backends(ranks, FSDP2, tmp_path, timeout=180)
+    layer), 2 ranks, 5 Adam steps: every rank's shards end bit-identical to the same run on Gloo.
+    784-512-512-10 by default; PYCYXWIZ_FSDP_WIDTH=4096 runs the issue's 20M-parameter MLP
+    (784-4096-4096-10; about a minute on 2 cores)."""
+    width = os.environ.get("PYCYXWIZ_FSDP_WIDTH", "512")
+    run_on_both_backends(ranks, FSDP2, tmp_path, timeout=600, env={"TEST_FSDP_WIDTH": width})
     for r in range(2):
         np.testing.assert_array_equal(np.load(tmp_path / f"cyxwiz.{r}.npy"), np.load(tmp_path / f"gloo.{r}.npy"))
 

@@ -190,20 +190,26 @@ void ShmCollectives::allReduceSmall(uint8_t* d, size_t count, DType dtype, Reduc
 void ShmCollectives::allReduceChunk(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
   const size_t esz = itemSize(dtype);
   const int n = g_.size(), me = g_.me();
+  auto at = [&](int r) { return partBegin(count, n, r) * esz; };
+  auto len = [&](int r) { return at(r + 1) - at(r); };
   const int in = nextHalf(), out = nextHalf();
-  std::memcpy(writable(in, d), d, count * esz);
+  // The peers' parts only: each rank reads its own part of the others' copies, and ours from d.
+  uint8_t* copy = writable(in, d);
+  for (int r = 0; r < n; ++r) {
+    if (r != me) std::memcpy(copy + at(r), d + at(r), len(r));
+  }
   arrive();
   // Our part, reduced in rank order into our other half, where the peers will copy it from.
-  const size_t b = partBegin(count, n, me) * esz, len = partBegin(count, n, me + 1) * esz - b;
-  uint8_t* mine = writable(out, d) + b;
-  std::memcpy(mine, g_.half(0, in) + b, len);
-  for (int r = 1; r < n; ++r) reduceInto(mine, g_.half(r, in) + b, len / esz, dtype, op);
-  if (op == ReduceOp::Avg) finishAverage(mine, len / esz, dtype, n);
+  auto part = [&](int r) -> const uint8_t* { return (r == me ? d : g_.half(r, in)) + at(me); };
+  uint8_t* mine = writable(out, d) + at(me);
+  std::memcpy(mine, part(0), len(me));
+  for (int r = 1; r < n; ++r) reduceInto(mine, part(r), len(me) / esz, dtype, op);
+  if (op == ReduceOp::Avg) finishAverage(mine, len(me) / esz, dtype, n);
+  std::memcpy(d + at(me), mine, len(me));
   doneReading(in);
   arrive();
   for (int r = 0; r < n; ++r) {
-    const size_t at = partBegin(count, n, r) * esz, bytes = partBegin(count, n, r + 1) * esz - at;
-    std::memcpy(d + at, g_.half(r, out) + at, bytes);
+    if (r != me) std::memcpy(d + at(r), g_.half(r, out) + at(r), len(r));
   }
   doneReading(out);
 }

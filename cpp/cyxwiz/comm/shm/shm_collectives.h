@@ -1,10 +1,11 @@
 // Collectives of one host's ranks through their shared segment (group.h), with no socket and no copy
 // through the kernel.
 //
-// all_reduce, large: in chunks of half a slot. Round 1: each rank copies the chunk into its half;
-// then reduces its 1/N part of the chunk, reading every rank's copy in rank order, into its other
-// half. Round 2: each rank copies the N reduced parts into its array. Every byte is copied in once,
-// read once to reduce and copied out once; each part is reduced by one rank, so all get its bits.
+// all_reduce, large: in chunks of half a slot. Round 1: each rank copies into its half the parts of
+// the chunk that the others reduce; then reduces its own 1/N part, reading every rank's copy (its
+// own straight from its array) in rank order, into its other half and its array. Round 2: each rank
+// copies the other N-1 reduced parts into its array. Each part is reduced by one rank, so all get
+// its bits.
 // all_reduce, small: one round. Each rank copies its whole array in and reduces all N copies in rank
 // order: the same bits on every rank, and one wait (no syscall when the peers are on time).
 // broadcast, all_gather, reduce_scatter: one round per chunk. barrier: one round with no data.
