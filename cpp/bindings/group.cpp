@@ -15,6 +15,7 @@
 namespace py = pybind11;
 using namespace cyxwiz;
 using namespace cyxwiz::comm;
+using cyxwiz::comm::cpu::CpuBackend;
 using cyxwiz::bindings::BlockingCall;
 using cyxwiz::bindings::dtypeOverride;
 using cyxwiz::bindings::finish;

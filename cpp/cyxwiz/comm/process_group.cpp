@@ -10,6 +10,9 @@
 
 namespace cyxwiz::comm {
 
+using cpu::CpuBackend;
+using nccl::NcclBackend;
+
 namespace {
 
 std::mutex gMutex;

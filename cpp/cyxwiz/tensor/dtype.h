@@ -7,7 +7,7 @@
 
 namespace cyxwiz {
 
-// The codes travel in collective headers (comm/cpu/wire.cpp) and the first four are cast to the CUDA
+// The codes travel in collective headers (comm/call_header.cpp) and the first four are cast to the CUDA
 // ABI's ElemType (comm/nccl): append new types, never renumber.
 enum class DType : uint8_t {
   Float32 = 0, Float64 = 1, Int32 = 2, Int64 = 3,

@@ -3,17 +3,34 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "cyxwiz/comm/cpu/duplex.h"
-#include "cyxwiz/comm/cpu/rendezvous.h"
-#include "cyxwiz/comm/cpu/ring.h"
 #include "cyxwiz/comm/hierarchical.h"
 #include "cyxwiz/comm/reduce.h"
 #include "cyxwiz/comm/shm/shm_collectives.h"
 #include "cyxwiz/comm/shm/topology.h"
+#include "cyxwiz/comm/tcp/duplex.h"
+#include "cyxwiz/comm/tcp/rendezvous.h"
+#include "cyxwiz/comm/tcp/ring.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::cpu {
+
+// The TCP transport (comm/tcp/): rendezvous, ring links, the monitor, the ring algorithms.
+using tcp::connectRing;
+using tcp::Duplex;
+using tcp::firstExternalIp;
+using tcp::HostRing;
+using tcp::isLoopbackAddress;
+using tcp::Monitor;
+using tcp::noticeText;
+using tcp::Pair;
+using tcp::PointToPoint;
+using tcp::raiseFailure;
+using tcp::Ring;
+using tcp::RingLinks;
+using tcp::StoreServer;
+using tcp::TcpStore;
+namespace wire = tcp::wire;
 
 namespace {
 
@@ -384,4 +401,4 @@ std::shared_ptr<Work> CpuBackend::barrier(bool async) {
   return submit(callSignature(Collective::Barrier, Tensor()), async, [](Collectives& ring) { ring.barrier(); });
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::cpu

@@ -5,7 +5,7 @@
 // Construction is the rendezvous: rank 0 serves the store and the job monitor on MASTER_PORT,
 // every rank connects to it, the ranks open their ring links, and a barrier proves the ring works.
 //
-// send/recv go their own way (p2p.h): links of their own, dialed on first use, and their own thread.
+// send/recv go their own way (tcp/p2p.h): links of their own, dialed on first use, and their own thread.
 //
 // Collectives run in issue order, one at a time, on a communication thread (async calls) or on the
 // caller's thread when nothing is queued (blocking calls: no thread hand-off on the latency path).
@@ -25,15 +25,15 @@
 
 #include "cyxwiz/comm/backend.h"
 #include "cyxwiz/comm/collectives.h"
-#include "cyxwiz/comm/cpu/p2p.h"
-#include "cyxwiz/comm/cpu/pair.h"
 #include "cyxwiz/comm/cpu/staging.h"
-#include "cyxwiz/comm/monitor.h"
 #include "cyxwiz/comm/shm/group.h"
-#include "cyxwiz/comm/store_server.h"
-#include "cyxwiz/comm/tcp_store.h"
+#include "cyxwiz/comm/tcp/monitor.h"
+#include "cyxwiz/comm/tcp/p2p.h"
+#include "cyxwiz/comm/tcp/pair.h"
+#include "cyxwiz/comm/tcp/store_server.h"
+#include "cyxwiz/comm/tcp/tcp_store.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::cpu {
 
 
 class CpuBackend final : public Backend {
@@ -75,7 +75,7 @@ class CpuBackend final : public Backend {
   // Marks the backend busy, runs the task with `lock` released, then wakes whoever waits.
   void runLocked(std::unique_lock<std::mutex>& lock, Task& task, bool onCaller);
   void workerLoop();
-  std::vector<Pair*> allLinks();  // every collective link (some may be unused: closed)
+  std::vector<tcp::Pair*> allLinks();  // every collective link (some may be unused: closed)
   void closeLinks();
   static void requireCpu(const Tensor& t, const char* what);
   std::shared_ptr<Work> pointToPoint(Collective kind, const Tensor& data, int peer, int64_t tag);
@@ -83,17 +83,17 @@ class CpuBackend final : public Backend {
   void checkPeer(const char* what, const Tensor& data, int peer, bool anySource);
   [[noreturn]] void failRendezvous(std::exception_ptr error);
 
-  std::unique_ptr<StoreServer> server_;  // rank 0 only
-  std::unique_ptr<TcpStore> store_;
-  std::unique_ptr<Monitor> monitor_;
-  Pair left_, right_;
-  std::vector<Pair> partners_;  // recursive-doubling links (power-of-two worlds of 4+)
+  std::unique_ptr<tcp::StoreServer> server_;  // rank 0 only
+  std::unique_ptr<tcp::TcpStore> store_;
+  std::unique_ptr<tcp::Monitor> monitor_;
+  tcp::Pair left_, right_;
+  std::vector<tcp::Pair> partners_;  // recursive-doubling links (power-of-two worlds of 4+)
   std::unique_ptr<shm::Group> shm_;    // this host's ranks: collectives through shared memory
   // Several hosts (shm_ holds this host's ranks): the ring of this rank's counterparts on the
   // other hosts, and this rank's host on it.
-  Pair hostLeft_, hostRight_;
+  tcp::Pair hostLeft_, hostRight_;
   int host_ = 0, hosts_ = 1;
-  std::unique_ptr<PointToPoint> p2p_;  // send/recv; absent in a world of one
+  std::unique_ptr<tcp::PointToPoint> p2p_;  // send/recv; absent in a world of one
   std::atomic<uint64_t> p2pSequence_{0};
   std::vector<uint8_t> scratch_;  // receive and gather space, kept between calls
   PinnedStaging staging_;
@@ -112,4 +112,4 @@ class CpuBackend final : public Backend {
   std::thread worker_;
 };
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::cpu

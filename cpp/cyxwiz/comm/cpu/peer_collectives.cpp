@@ -1,4 +1,4 @@
-// What CpuBackend does over the point-to-point links (p2p.h): send and recv, and the collectives
+// What CpuBackend does over the point-to-point links (tcp/p2p.h): send and recv, and the collectives
 // where each rank's data goes to one rank only (gather, scatter, all_to_all), which a ring would
 // relay through every rank between. Each such collective is queued with the ring's, so it runs in
 // issue order with them and under the same contract (every rank calls it, in the same order); its
@@ -9,11 +9,13 @@
 #include <numeric>
 
 #include "cyxwiz/comm/cpu/cpu_backend.h"
-#include "cyxwiz/comm/cpu/ring.h"
+#include "cyxwiz/comm/tcp/ring.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::cpu {
+
+using tcp::collectiveTag;
 
 namespace {
 
@@ -21,7 +23,7 @@ namespace {
 Tensor block(const Tensor& t, int64_t offset, int64_t count) { return t.view(offset, {count}); }
 
 void waitAll(const std::vector<std::shared_ptr<Work>>& parts) {
-  // Each part ends within the timeout (p2p.h); the first error is the collective's.
+  // Each part ends within the timeout (tcp/p2p.h); the first error is the collective's.
   std::exception_ptr first;
   for (const auto& p : parts) {
     try {
@@ -160,4 +162,4 @@ std::shared_ptr<Work> CpuBackend::allToAll(const Tensor& in, const Tensor& out, 
   });
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::cpu

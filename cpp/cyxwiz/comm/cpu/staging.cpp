@@ -2,7 +2,7 @@
 
 #include "cyxwiz/device/cuda.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::cpu {
 
 Tensor PinnedStaging::host(int slot, const Tensor& like) {
   const size_t need = like.nbytes();
@@ -17,4 +17,4 @@ Tensor PinnedStaging::host(int slot, const Tensor& like) {
   return Tensor::fromExternal(memory_[slot].get(), like.shape(), like.dtype(), memory_[slot]);
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::cpu

@@ -7,7 +7,7 @@
 
 #include "cyxwiz/tensor/tensor.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::cpu {
 
 class PinnedStaging {
  public:
@@ -22,4 +22,4 @@ class PinnedStaging {
   size_t bytes_[2] = {0, 0};
 };
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::cpu

@@ -16,7 +16,7 @@
 #include "cyxwiz/common/logging.h"
 #include "cyxwiz/device/cuda.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::nccl {
 
 namespace {
 
@@ -67,7 +67,7 @@ Device NcclBackend::deviceFor(const DistributedConfig& config) {
   return Device{DeviceType::CUDA, index};
 }
 
-NcclBackend::NcclBackend(const DistributedConfig& config, const Device& gpu, std::shared_ptr<CpuBackend> cpu)
+NcclBackend::NcclBackend(const DistributedConfig& config, const Device& gpu, std::shared_ptr<cpu::CpuBackend> cpu)
     : Backend(config), cpu_(std::move(cpu)), device_(gpu) {
   try {
     api_ = &device::cudaApi();
@@ -377,4 +377,4 @@ void NcclBackend::shutdown() {
   if (cpu_) cpu_->shutdown();
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::nccl

@@ -21,9 +21,11 @@
 #include "cyxwiz/comm/deadline.h"
 #include "cyxwiz/cuda/api.h"
 
-namespace cyxwiz::comm {
-
+namespace cyxwiz::comm::cpu {
 class CpuBackend;
+}  // namespace cyxwiz::comm::cpu
+
+namespace cyxwiz::comm::nccl {
 
 class NcclBackend final : public Backend {
  public:
@@ -31,7 +33,7 @@ class NcclBackend final : public Backend {
   // rendezvous, when this process has no usable GPU.
   static Device deviceFor(const DistributedConfig& config);
   // `cpu`: the TCP world of the same config, already formed (shut down here if NCCL fails).
-  NcclBackend(const DistributedConfig& config, const Device& gpu, std::shared_ptr<CpuBackend> cpu);
+  NcclBackend(const DistributedConfig& config, const Device& gpu, std::shared_ptr<cpu::CpuBackend> cpu);
   ~NcclBackend() override;
 
   std::string name() const override { return "nccl"; }
@@ -80,7 +82,7 @@ class NcclBackend final : public Backend {
   [[noreturn]] void fail(const std::string& message, bool timeout);
   std::string where() const;  // "rank 1/4 on cuda:1"
 
-  std::shared_ptr<CpuBackend> cpu_;
+  std::shared_ptr<cpu::CpuBackend> cpu_;
   cuda::Api* api_ = nullptr;
   Device device_;
   void* comm_ = nullptr;
@@ -92,4 +94,4 @@ class NcclBackend final : public Backend {
   std::vector<GraphHolder*> graphHolders_;
 };
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::nccl

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cyxwiz/comm/cpu/wire.h"
+#include "cyxwiz/comm/call_header.h"
 #include "cyxwiz/comm/shm/segment.h"
 
 namespace cyxwiz::comm::shm {
@@ -29,7 +29,7 @@ struct alignas(64) Control {
   std::atomic<uint32_t> left;
   uint32_t offset[2];  // where the data of half h starts in it (set by its owner before publishing)
   uint8_t pad[40];
-  uint8_t header[2][wire::kCallHeaderBytes];
+  uint8_t header[2][kCallHeaderBytes];
 };
 static_assert(sizeof(Control) == 128, "one control block: two cache lines");
 

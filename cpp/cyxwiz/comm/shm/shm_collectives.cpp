@@ -44,7 +44,7 @@ bool reached(uint32_t have, uint32_t want) { return static_cast<int32_t>(have - 
 
 }  // namespace
 
-ShmCollectives::ShmCollectives(Group& group, const CallSignature& call, Monitor* monitor, int64_t timeoutMs,
+ShmCollectives::ShmCollectives(Group& group, const CallSignature& call, tcp::Monitor* monitor, int64_t timeoutMs,
                                const Work& work, std::chrono::microseconds spin, bool (*interrupted)(),
                                const std::atomic<bool>* finalizing)
     : g_(group),
@@ -55,7 +55,7 @@ ShmCollectives::ShmCollectives(Group& group, const CallSignature& call, Monitor*
       spin_(spin),
       interrupted_(interrupted),
       finalizing_(finalizing) {
-  wire::encodeCall(call_, myHeader_);
+  encodeCall(call_, myHeader_);
 }
 
 uint8_t* ShmCollectives::writable(int h, const void* like) {
@@ -86,7 +86,7 @@ void ShmCollectives::checkHeaders() {
   for (int p = 0; p < g_.size(); ++p) {
     if (p == g_.me()) continue;
     CallSignature theirs;
-    if (!wire::decodeCall(g_.control(p).header[call_.sequence & 1], &theirs)) {
+    if (!decodeCall(g_.control(p).header[call_.sequence & 1], &theirs)) {
       throw BackendError(makeString(what(), ": ", g_.peerName(p), " wrote no collective header in shared memory: "
                                     "the ranks are out of step (mixed pycyxwiz versions?)"));
     }
@@ -135,7 +135,7 @@ void ShmCollectives::checkWhileWaiting(int peer, uint32_t phase, Deadline deadli
   if (monitor_ != nullptr && monitor_->fd() >= 0) {
     pollfd fd{monitor_->fd(), POLLIN, 0};
     if (::poll(&fd, 1, 0) > 0) {
-      if (auto failure = monitor_->read()) raiseFailure(failure->kind, makeString(what(), ": ", noticeText(*failure)));
+      if (auto failure = monitor_->read()) tcp::raiseFailure(failure->kind, makeString(what(), ": ", tcp::noticeText(*failure)));
     }
   }
   const bool left = g_.control(peer).left.load() != 0;
@@ -145,7 +145,7 @@ void ShmCollectives::checkWhileWaiting(int peer, uint32_t phase, Deadline deadli
     // so that launchers, which report the first rank to exit, name the cause.
     if (monitor_ != nullptr) {
       if (auto failure = monitor_->waitForNotice(Clock::now() + std::chrono::milliseconds(2000))) {
-        raiseFailure(failure->kind, makeString(what(), ": ", noticeText(*failure)));
+        tcp::raiseFailure(failure->kind, makeString(what(), ": ", tcp::noticeText(*failure)));
       }
     }
     throw NetworkError(makeString(what(), ": ", g_.peerName(peer), left ? " finalized or exited" : " exited",

@@ -22,8 +22,8 @@
 
 #include "cyxwiz/comm/collectives.h"
 #include "cyxwiz/comm/deadline.h"
-#include "cyxwiz/comm/monitor.h"
 #include "cyxwiz/comm/shm/group.h"
+#include "cyxwiz/comm/tcp/monitor.h"
 #include "cyxwiz/comm/work.h"
 
 namespace cyxwiz::comm::shm {
@@ -33,9 +33,9 @@ class ShmCollectives : public Collectives {
   // All-reduces of at most this many bytes (and fitting a half) take the one-round path.
   static constexpr size_t kSmallBytes = 32 * 1024;
 
-  // As Duplex (cpu/duplex.h): `work` names the call in errors, `spin` bounds busy waiting,
+  // As Duplex (tcp/duplex.h): `work` names the call in errors, `spin` bounds busy waiting,
   // `interrupted` (may be null) is asked between sleeps, `finalizing` says finalize() stopped us.
-  ShmCollectives(Group& group, const CallSignature& call, Monitor* monitor, int64_t timeoutMs, const Work& work,
+  ShmCollectives(Group& group, const CallSignature& call, tcp::Monitor* monitor, int64_t timeoutMs, const Work& work,
                  std::chrono::microseconds spin, bool (*interrupted)(), const std::atomic<bool>* finalizing);
 
   void allReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
@@ -73,13 +73,13 @@ class ShmCollectives : public Collectives {
 
   Group& g_;
   CallSignature call_;
-  Monitor* monitor_;
+  tcp::Monitor* monitor_;
   int64_t timeoutMs_;
   const Work& work_;
   std::chrono::microseconds spin_;
   bool (*interrupted_)();
   const std::atomic<bool>* finalizing_;
-  uint8_t myHeader_[wire::kCallHeaderBytes];
+  uint8_t myHeader_[kCallHeaderBytes];
   bool started_ = false;
 };
 

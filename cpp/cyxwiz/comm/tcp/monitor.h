@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "cyxwiz/comm/config.h"
-#include "cyxwiz/comm/cpu/socket.h"
-#include "cyxwiz/comm/cpu/wire.h"
 #include "cyxwiz/comm/deadline.h"
+#include "cyxwiz/comm/tcp/socket.h"
+#include "cyxwiz/comm/tcp/wire.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 struct Failure {
   wire::ErrorKind kind = wire::ErrorKind::Network;
@@ -53,4 +53,4 @@ class Monitor {
   std::string master_;
 };
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "cyxwiz/comm/config.h"
-#include "cyxwiz/comm/cpu/hello_gate.h"
+#include "cyxwiz/comm/tcp/hello_gate.h"
 #include "cyxwiz/comm/work.h"
 #include "cyxwiz/tensor/tensor.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 // The tag of a collective's messages: negative, and it says which collective and which call, so that
 // ranks that disagree get a mismatch error rather than each other's bytes.
@@ -93,4 +93,4 @@ class PointToPoint {
   std::thread thread_;
 };
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

@@ -1,4 +1,4 @@
-#include "cyxwiz/comm/cpu/handshake.h"
+#include "cyxwiz/comm/tcp/handshake.h"
 
 #include <sys/random.h>
 
@@ -11,7 +11,7 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/sha256.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 namespace {
 
@@ -267,4 +267,4 @@ std::string describeStrangerBytes(const uint8_t* data, size_t n) {
   return n > shown ? out + " ..." : out;
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

@@ -1,4 +1,4 @@
-#include "cyxwiz/comm/cpu/duplex.h"
+#include "cyxwiz/comm/tcp/duplex.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <climits>
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 namespace {
 
@@ -227,4 +227,4 @@ void Duplex::unreachable(const Pair& peer, bool receiving, const std::string& wh
                                 "the traffic; check the network between this machine and ", peer.address));
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

@@ -16,12 +16,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "cyxwiz/comm/call_header.h"
 #include "cyxwiz/comm/collectives.h"
-#include "cyxwiz/comm/cpu/duplex.h"
-#include "cyxwiz/comm/cpu/wire.h"
+#include "cyxwiz/comm/tcp/duplex.h"
 #include "cyxwiz/comm/types.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 class Ring : public Collectives {
  public:
@@ -70,9 +70,9 @@ class Ring : public Collectives {
   Pair* right_;
   std::vector<Pair>* partners_;
   size_t sliceBytes_;
-  uint8_t myHeader_[wire::kCallHeaderBytes];
-  uint8_t leftHeader_[wire::kCallHeaderBytes];
+  uint8_t myHeader_[kCallHeaderBytes];
+  uint8_t leftHeader_[kCallHeaderBytes];
   bool headerSent_ = false;
 };
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

@@ -1,4 +1,4 @@
-#include "cyxwiz/comm/store_server.h"
+#include "cyxwiz/comm/tcp/store_server.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -11,11 +11,11 @@
 #include <set>
 #include <vector>
 
-#include "cyxwiz/comm/tcp_store.h"
+#include "cyxwiz/comm/tcp/tcp_store.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 namespace {
 
@@ -473,4 +473,4 @@ void StoreServer::run() {
   loop.shutdown();
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

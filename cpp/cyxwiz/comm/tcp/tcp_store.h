@@ -2,12 +2,12 @@
 #pragma once
 
 #include "cyxwiz/comm/config.h"
-#include "cyxwiz/comm/cpu/handshake.h"
-#include "cyxwiz/comm/cpu/wire.h"
 #include "cyxwiz/comm/deadline.h"
 #include "cyxwiz/comm/store.h"
+#include "cyxwiz/comm/tcp/handshake.h"
+#include "cyxwiz/comm/tcp/wire.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 JobIdentity jobIdentityOf(const DistributedConfig& config);
 
@@ -37,4 +37,4 @@ class TcpStore : public Store {
   std::string master_;  // "host:port", for messages
 };
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

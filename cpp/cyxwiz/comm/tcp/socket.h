@@ -10,7 +10,7 @@
 
 #include "cyxwiz/comm/deadline.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 struct IoStatus {
   enum Kind { Ok, Closed, TimedOut, Failed } kind = Ok;
@@ -87,4 +87,4 @@ std::string listenAddressFor(const std::string& host);
 // The first IPv4 address of an interface that is up and not loopback; "" when there is none.
 std::string firstExternalIp();
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

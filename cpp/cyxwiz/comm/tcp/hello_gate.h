@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "cyxwiz/comm/cpu/handshake.h"
+#include "cyxwiz/comm/tcp/handshake.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 class HelloGate {
  public:
@@ -72,4 +72,4 @@ class HelloGate {
   Deadline nextEvictionLog_{};
 };
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

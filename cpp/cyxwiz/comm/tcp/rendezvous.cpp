@@ -1,4 +1,4 @@
-#include "cyxwiz/comm/cpu/rendezvous.h"
+#include "cyxwiz/comm/tcp/rendezvous.h"
 
 #include <poll.h>
 
@@ -9,12 +9,12 @@
 #include <thread>
 
 #include "cyxwiz/comm/backend.h"
-#include "cyxwiz/comm/cpu/hello_gate.h"
-#include "cyxwiz/comm/tcp_store.h"
+#include "cyxwiz/comm/tcp/hello_gate.h"
+#include "cyxwiz/comm/tcp/tcp_store.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 namespace {
 
@@ -219,4 +219,4 @@ std::vector<int> butterflyPartners(int rank, int worldSize) {
   return partners;
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

@@ -1,11 +1,11 @@
-#include "cyxwiz/comm/monitor.h"
+#include "cyxwiz/comm/tcp/monitor.h"
 
 #include <poll.h>
 
 #include "cyxwiz/common/error.h"
-#include "cyxwiz/comm/tcp_store.h"
+#include "cyxwiz/comm/tcp/tcp_store.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 void raiseFailure(wire::ErrorKind kind, const std::string& message) {
   switch (kind) {
@@ -113,4 +113,4 @@ void Monitor::goodbye() {
   socket_.close();
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "cyxwiz/comm/cpu/pair.h"
-#include "cyxwiz/comm/monitor.h"
+#include "cyxwiz/comm/tcp/monitor.h"
+#include "cyxwiz/comm/tcp/pair.h"
 #include "cyxwiz/comm/work.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 struct Step {
   std::vector<iovec> send;  // to the right neighbour, in order
@@ -80,4 +80,4 @@ class Duplex {
   const std::atomic<bool>* finalizing_;
 };
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

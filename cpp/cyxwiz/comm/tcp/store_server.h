@@ -18,9 +18,9 @@
 #include <memory>
 
 #include "cyxwiz/comm/config.h"
-#include "cyxwiz/comm/cpu/hello_gate.h"
+#include "cyxwiz/comm/tcp/hello_gate.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 class StoreServer {
  public:
@@ -47,4 +47,4 @@ class StoreServer {
   std::thread thread_;
 };
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

@@ -3,10 +3,10 @@
 
 #include <string>
 
-#include "cyxwiz/comm/cpu/socket.h"
+#include "cyxwiz/comm/tcp/socket.h"
 #include "cyxwiz/common/error.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 struct Pair {
   Socket socket;
@@ -15,4 +15,4 @@ struct Pair {
   std::string name() const { return makeString("rank ", rank, " (", address, ")"); }
 };
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

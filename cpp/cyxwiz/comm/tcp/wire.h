@@ -3,6 +3,7 @@
 //   Hello       first 40 bytes of every connection: who is calling, for which job
 //   HelloReply  the acceptor's answer: 0 = welcome, else a reason to go away
 //   CallHeader  first 32 bytes of every collective on a ring link: what the sender is running
+//               (comm/call_header.h: the shared-memory transport carries the same header)
 //   StoreFrame  16-byte header of a store request, a store reply, or a monitor notice
 //   PeerHeader  first 24 bytes of every point-to-point message: its tag and length
 #pragma once
@@ -11,15 +12,11 @@
 #include <cstring>
 #include <string>
 
-#include "cyxwiz/comm/types.h"
-
-namespace cyxwiz::comm::wire {
+namespace cyxwiz::comm::tcp::wire {
 
 constexpr char kHelloMagic[8] = {'C', 'Y', 'X', 'W', 'I', 'Z', 'R', 'V'};
 constexpr uint32_t kProtocolVersion = 2;  // 2: mutual challenge-response with a secret
-constexpr uint32_t kCallMagic = 0x4c435843;  // "CXCL"
 constexpr size_t kHelloBytes = 40;
-constexpr size_t kCallHeaderBytes = 32;
 constexpr size_t kFrameBytes = 16;
 constexpr uint32_t kPeerMagic = 0x4d505843;  // "CXPM"
 constexpr size_t kPeerHeaderBytes = 24;
@@ -52,10 +49,6 @@ struct Hello {
 void encodeHello(const Hello& h, uint8_t out[kHelloBytes]);
 // False when the bytes are not a pycyxwiz hello (wrong magic): a stranger on the port.
 bool decodeHello(const uint8_t in[kHelloBytes], Hello* h);
-
-void encodeCall(const CallSignature& c, uint8_t out[kCallHeaderBytes]);
-// False on a wrong magic: the byte stream is out of step (a bug, or a peer from another version).
-bool decodeCall(const uint8_t in[kCallHeaderBytes], CallSignature* c);
 
 // A point-to-point message (p2p.h) on a link from its sender; `bytes` of payload follow.
 struct PeerHeader {
@@ -91,4 +84,4 @@ Frame decodeFrame(const uint8_t in[kFrameBytes]);
 // FNV-1a of the job id: ranks compare it in the hello without sending the id itself.
 uint64_t hashJobId(const std::string& jobId);
 
-}  // namespace cyxwiz::comm::wire
+}  // namespace cyxwiz::comm::tcp::wire

@@ -1,4 +1,4 @@
-#include "cyxwiz/comm/cpu/socket.h"
+#include "cyxwiz/comm/tcp/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -18,7 +18,7 @@
 
 #include "cyxwiz/common/error.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 std::string errnoString(int err) {
   char buf[256];
@@ -320,4 +320,4 @@ IoStatus Socket::sendSome(const void* data, size_t n) const {
   }
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

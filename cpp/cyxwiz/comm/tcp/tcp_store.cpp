@@ -1,4 +1,4 @@
-#include "cyxwiz/comm/tcp_store.h"
+#include "cyxwiz/comm/tcp/tcp_store.h"
 
 #include "cyxwiz/comm/backend.h"
 
@@ -10,7 +10,7 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 JobIdentity jobIdentityOf(const DistributedConfig& config) {
   return {wire::hashJobId(config.jobId), config.worldSize, config.rank, config.secret, config.generation};
@@ -130,4 +130,4 @@ int64_t TcpStore::add(const std::string& key, int64_t delta, Deadline deadline) 
   return value;
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

@@ -1,4 +1,4 @@
-#include "cyxwiz/comm/cpu/hello_gate.h"
+#include "cyxwiz/comm/tcp/hello_gate.h"
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -11,7 +11,7 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 namespace {
 
@@ -217,4 +217,4 @@ bool HelloGate::advance(Pending& p, const Decide& decide, std::vector<Arrival>& 
   return false;
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "cyxwiz/comm/cpu/socket.h"
-#include "cyxwiz/comm/cpu/wire.h"
+#include "cyxwiz/comm/tcp/socket.h"
+#include "cyxwiz/comm/tcp/wire.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 // What this process expects of the peers that call it.
 struct JobIdentity {
@@ -114,4 +114,4 @@ std::string checkGeneration(const wire::Hello& got, const JobIdentity& job);
 // Printable prefix of what a stranger sent: "'GET / HTTP/1.1'" or "16 bytes 00 ff ...".
 std::string describeStrangerBytes(const uint8_t* data, size_t n);
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

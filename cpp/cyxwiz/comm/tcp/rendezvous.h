@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "cyxwiz/comm/config.h"
-#include "cyxwiz/comm/cpu/hello_gate.h"
-#include "cyxwiz/comm/cpu/pair.h"
 #include "cyxwiz/comm/store.h"
+#include "cyxwiz/comm/tcp/hello_gate.h"
+#include "cyxwiz/comm/tcp/pair.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 struct RingLinks {
   Pair left;   // rank r-1 sends to us here
@@ -45,4 +45,4 @@ struct HostRing {
 RingLinks connectRing(const DistributedConfig& config, Store& store, const std::string& localIp, Deadline deadline,
                       const std::function<HostRing()>& hostRing = {});
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

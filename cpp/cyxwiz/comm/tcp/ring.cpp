@@ -1,4 +1,4 @@
-#include "cyxwiz/comm/cpu/ring.h"
+#include "cyxwiz/comm/tcp/ring.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,7 +9,7 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 namespace {
 
@@ -33,13 +33,13 @@ Ring::Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const 
            Pair* right, std::vector<Pair>* partners, size_t sliceBytes)
     : rank_(rank), size_(size), io_(io), scratch_(scratch), call_(call), left_(left), right_(right), partners_(partners),
       sliceBytes_(sliceBytes) {
-  wire::encodeCall(call_, myHeader_);
+  encodeCall(call_, myHeader_);
 }
 
 void Ring::checkLeftHeader() {
   CallSignature left;
   int from = left_ != nullptr ? left_->rank : mod(rank_ - 1);
-  if (!wire::decodeCall(leftHeader_, &left)) {
+  if (!decodeCall(leftHeader_, &left)) {
     throw BackendError(makeString(io_.what(), ": rank ", from, " sent bytes that are not a collective header: "
                                   "the ranks are out of step (mixed pycyxwiz versions?)"));
   }
@@ -243,4 +243,4 @@ void Ring::checkCalls() {
   if (size_ > 1) step({}, {});
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp

@@ -1,4 +1,4 @@
-#include "cyxwiz/comm/cpu/p2p.h"
+#include "cyxwiz/comm/tcp/p2p.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -12,7 +12,7 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
-namespace cyxwiz::comm {
+namespace cyxwiz::comm::tcp {
 
 struct PointToPoint::Op {
   std::shared_ptr<Work> work;
@@ -577,4 +577,4 @@ void PointToPoint::shutdown(Deadline flushBy) {
   wakeFd_ = -1;
 }
 
-}  // namespace cyxwiz::comm
+}  // namespace cyxwiz::comm::tcp
