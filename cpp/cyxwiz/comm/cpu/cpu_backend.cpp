@@ -22,29 +22,26 @@ using tcp::firstExternalIp;
 using tcp::HostRing;
 using tcp::isLoopbackAddress;
 using tcp::Monitor;
-using tcp::noticeText;
 using tcp::Pair;
 using tcp::PointToPoint;
-using tcp::raiseFailure;
 using tcp::Ring;
 using tcp::RingLinks;
 using tcp::StoreServer;
 using tcp::TcpStore;
-namespace wire = tcp::wire;
 
 namespace {
 
-wire::ErrorKind kindOf(std::exception_ptr e) {
+ErrorKind kindOf(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
   } catch (const TimeoutError&) {
-    return wire::ErrorKind::Timeout;
+    return ErrorKind::Timeout;
   } catch (const NetworkError&) {
-    return wire::ErrorKind::Network;
+    return ErrorKind::Network;
   } catch (const Interrupted&) {
-    return wire::ErrorKind::Network;  // this rank is going away
+    return ErrorKind::Network;  // this rank is going away
   } catch (...) {
-    return wire::ErrorKind::Backend;
+    return ErrorKind::Backend;
   }
 }
 
@@ -160,7 +157,7 @@ CpuBackend::~CpuBackend() { shutdown(); }
 void CpuBackend::failRendezvous(std::exception_ptr error) {
   if (!monitor_) std::rethrow_exception(error);
   // A lost store usually means rank 0 gave up and said why on the monitor: report that cause.
-  if (kindOf(error) == wire::ErrorKind::Network) {
+  if (kindOf(error) == ErrorKind::Network) {
     if (auto failure = monitor_->waitForNotice(deadlineAfterMs(1000))) {
       raiseFailure(failure->kind, makeString(rankPrefix(), "init: ", noticeText(*failure)));
     }
@@ -251,7 +248,7 @@ void CpuBackend::execute(Task& task, bool onCaller) {
     if (monitor_) {
       monitor_->report(kindOf(error), messageOf(error));
       // A timeout comes back from rank 0 with a verdict naming the rank that never reported.
-      if (kindOf(error) == wire::ErrorKind::Timeout) {
+      if (kindOf(error) == ErrorKind::Timeout) {
         if (auto verdict = monitor_->waitForNotice(deadlineAfterMs(2000))) {
           std::string text = verdict->origin == config_.rank ? verdict->message
                                                              : task.work->description() + ": " + noticeText(*verdict);

@@ -44,7 +44,7 @@ bool reached(uint32_t have, uint32_t want) { return static_cast<int32_t>(have - 
 
 }  // namespace
 
-ShmCollectives::ShmCollectives(Group& group, const CallSignature& call, tcp::Monitor* monitor, int64_t timeoutMs,
+ShmCollectives::ShmCollectives(Group& group, const CallSignature& call, Monitor* monitor, int64_t timeoutMs,
                                const Work& work, std::chrono::microseconds spin, bool (*interrupted)(),
                                const std::atomic<bool>* finalizing)
     : g_(group),
@@ -135,7 +135,7 @@ void ShmCollectives::checkWhileWaiting(int peer, uint32_t phase, Deadline deadli
   if (monitor_ != nullptr && monitor_->fd() >= 0) {
     pollfd fd{monitor_->fd(), POLLIN, 0};
     if (::poll(&fd, 1, 0) > 0) {
-      if (auto failure = monitor_->read()) tcp::raiseFailure(failure->kind, makeString(what(), ": ", tcp::noticeText(*failure)));
+      if (auto failure = monitor_->read()) raiseFailure(failure->kind, makeString(what(), ": ", noticeText(*failure)));
     }
   }
   const bool left = g_.control(peer).left.load() != 0;
@@ -145,7 +145,7 @@ void ShmCollectives::checkWhileWaiting(int peer, uint32_t phase, Deadline deadli
     // so that launchers, which report the first rank to exit, name the cause.
     if (monitor_ != nullptr) {
       if (auto failure = monitor_->waitForNotice(Clock::now() + std::chrono::milliseconds(2000))) {
-        tcp::raiseFailure(failure->kind, makeString(what(), ": ", tcp::noticeText(*failure)));
+        raiseFailure(failure->kind, makeString(what(), ": ", noticeText(*failure)));
       }
     }
     throw NetworkError(makeString(what(), ": ", g_.peerName(peer), left ? " finalized or exited" : " exited",

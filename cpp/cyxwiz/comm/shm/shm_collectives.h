@@ -22,8 +22,8 @@
 
 #include "cyxwiz/comm/collectives.h"
 #include "cyxwiz/comm/deadline.h"
+#include "cyxwiz/comm/monitor.h"
 #include "cyxwiz/comm/shm/group.h"
-#include "cyxwiz/comm/tcp/monitor.h"
 #include "cyxwiz/comm/work.h"
 
 namespace cyxwiz::comm::shm {
@@ -35,7 +35,7 @@ class ShmCollectives : public Collectives {
 
   // As Duplex (tcp/duplex.h): `work` names the call in errors, `spin` bounds busy waiting,
   // `interrupted` (may be null) is asked between sleeps, `finalizing` says finalize() stopped us.
-  ShmCollectives(Group& group, const CallSignature& call, tcp::Monitor* monitor, int64_t timeoutMs, const Work& work,
+  ShmCollectives(Group& group, const CallSignature& call, Monitor* monitor, int64_t timeoutMs, const Work& work,
                  std::chrono::microseconds spin, bool (*interrupted)(), const std::atomic<bool>* finalizing);
 
   void allReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
@@ -73,7 +73,7 @@ class ShmCollectives : public Collectives {
 
   Group& g_;
   CallSignature call_;
-  tcp::Monitor* monitor_;
+  Monitor* monitor_;
   int64_t timeoutMs_;
   const Work& work_;
   std::chrono::microseconds spin_;

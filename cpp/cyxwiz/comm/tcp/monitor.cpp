@@ -1,25 +1,9 @@
 #include "cyxwiz/comm/tcp/monitor.h"
 
-#include <poll.h>
-
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/comm/tcp/tcp_store.h"
 
 namespace cyxwiz::comm::tcp {
-
-void raiseFailure(wire::ErrorKind kind, const std::string& message) {
-  switch (kind) {
-    case wire::ErrorKind::Timeout: throw TimeoutError(message);
-    case wire::ErrorKind::Backend: throw BackendError(message);
-    case wire::ErrorKind::Network: break;
-  }
-  throw NetworkError(message);
-}
-
-std::string noticeText(const Failure& failure) {
-  if (failure.origin == 0 && failure.message.rfind("lost the connection to rank 0", 0) == 0) return failure.message;
-  return makeString("stopped because rank ", failure.origin, " failed: ", failure.message);
-}
 
 Monitor::Monitor(const DistributedConfig& config, Deadline deadline)
     : socket_(dialRendezvous(config, wire::Channel::Monitor, deadline)),
@@ -54,7 +38,7 @@ std::optional<Failure> Monitor::read() {
       std::string message(reinterpret_cast<const char*>(in_.data()) + wire::kFrameBytes, f.length);
       in_.erase(in_.begin(), in_.begin() + static_cast<long>(wire::kFrameBytes + f.length));
       if (f.type == static_cast<uint8_t>(wire::Notice::Abort)) {
-        return Failure{static_cast<wire::ErrorKind>(f.kind), static_cast<int>(f.word), message};
+        return Failure{static_cast<ErrorKind>(f.kind), static_cast<int>(f.word), message};
       }
       shutdown_ = true;  // rank 0 finalized: the job ended on purpose
       return std::nullopt;
@@ -63,12 +47,12 @@ std::optional<Failure> Monitor::read() {
   if (closed) {
     shutdown_ = true;
     if (isUnreachableError(err)) {
-      return Failure{wire::ErrorKind::Network, 0,
+      return Failure{ErrorKind::Network, 0,
                      makeString("lost the connection to rank 0 (", master_, "), which serves the rendezvous: rank 0 at ",
                                 master_, " unreachable: ", errnoString(err), " (a cut cable, a machine that is down "
                                 "or a firewall that drops the traffic)")};
     }
-    return Failure{wire::ErrorKind::Network, 0,
+    return Failure{ErrorKind::Network, 0,
                    makeString("lost the connection to rank 0 (", master_, "), which serves the rendezvous: ",
                               "connection closed; rank 0 died or was killed")};
   }
@@ -80,23 +64,13 @@ Failure Monitor::notMaster(const std::string& what) {
   shutdown_ = true;
   socket_.close();  // the rest of its stream means nothing
   in_.clear();
-  return Failure{wire::ErrorKind::Network, 0,
+  return Failure{ErrorKind::Network, 0,
                  makeString("lost the connection to rank 0 (", master_, "), which serves the rendezvous: it sent ", what,
                             ": the peer at ", peer == "?" ? master_ : peer, " is not a pycyxwiz master of this job "
                             "(another program on that port?); check MASTER_ADDR and MASTER_PORT")};
 }
 
-std::optional<Failure> Monitor::waitForNotice(Deadline deadline) {
-  while (fd() >= 0) {
-    pollfd p{fd(), POLLIN, 0};
-    int wait = msUntil(deadline);
-    if (wait <= 0 || ::poll(&p, 1, wait) <= 0) return std::nullopt;
-    if (auto f = read()) return f;
-  }
-  return std::nullopt;
-}
-
-void Monitor::report(wire::ErrorKind kind, const std::string& message) {
+void Monitor::report(ErrorKind kind, const std::string& message) {
   if (shutdown_ || !socket_.valid()) return;
   std::string text = message.substr(0, 1 << 16);
   std::vector<uint8_t> out(wire::kFrameBytes + text.size());

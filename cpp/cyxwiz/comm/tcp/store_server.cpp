@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "cyxwiz/comm/monitor.h"
 #include "cyxwiz/comm/tcp/tcp_store.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
@@ -98,7 +99,7 @@ class Loop {
     Connection& added = *conns_.back();
     if (added.state == Connection::Monitor && aborted_) {
       // Joined after the job already failed: it must not start working.
-      send(added, frame(static_cast<uint8_t>(wire::Notice::Abort), static_cast<uint8_t>(wire::ErrorKind::Network), 0,
+      send(added, frame(static_cast<uint8_t>(wire::Notice::Abort), static_cast<uint8_t>(ErrorKind::Network), 0,
                         "the job failed before this rank joined"));
     }
     while (!added.dead && parseOne(added)) {
@@ -190,7 +191,7 @@ class Loop {
     c.dead = true;
     // A rank that reported its failure and then left is not news; one that just vanished is.
     if (c.state == Connection::Monitor && !c.saidGoodbye && !reported_.count(c.rank)) {
-      abortJob(c.rank, wire::ErrorKind::Network,
+      abortJob(c.rank, ErrorKind::Network,
                makeString("rank ", c.rank, " (", c.address, ") died: its connection to the rendezvous on rank 0 closed "
                           "without finalize (the process crashed, was killed, or exited before the others)"));
     }
@@ -202,7 +203,7 @@ class Loop {
   }
 
   // `toOrigin`: the origin gets the notice too (a timeout verdict adds to what it knew).
-  void abortJob(int origin, wire::ErrorKind kind, const std::string& message, bool toOrigin = false) {
+  void abortJob(int origin, ErrorKind kind, const std::string& message, bool toOrigin = false) {
     if (aborted_) return;  // the first failure is the cause; later ones are its echoes
     aborted_ = true;
     timeout_.active = false;
@@ -239,7 +240,7 @@ class Loop {
       verdict += makeString(" [rank", silent.size() > 1 ? "s " : " ", list, silent.size() > 1 ? " do" : " does",
                             " not report a timeout of its own: stopped, hung, or busy outside collectives]");
     }
-    abortJob(timeout_.origin, wire::ErrorKind::Timeout, verdict, true);
+    abortJob(timeout_.origin, ErrorKind::Timeout, verdict, true);
   }
 
  private:
@@ -343,8 +344,8 @@ class Loop {
       }
       case wire::StoreOp::Abort:
         reported_.insert(c.rank);
-        if (static_cast<wire::ErrorKind>(kind) == wire::ErrorKind::Timeout) return reportTimeout(c.rank, value);
-        return abortJob(c.rank, static_cast<wire::ErrorKind>(kind), value);
+        if (static_cast<ErrorKind>(kind) == ErrorKind::Timeout) return reportTimeout(c.rank, value);
+        return abortJob(c.rank, static_cast<ErrorKind>(kind), value);
       case wire::StoreOp::Goodbye: c.saidGoodbye = true; return;
     }
     logWarning(makeString("rendezvous: rank ", c.rank, " (", c.address, ") sent an unknown request; closing it"));

@@ -69,11 +69,10 @@ enum class StoreOp : uint8_t {
 };
 
 enum class Notice : uint8_t { Abort = 1, Shutdown = 2 };
-enum class ErrorKind : uint8_t { Network = 1, Timeout = 2, Backend = 3 };
 
 struct Frame {
   uint8_t type = 0;      // StoreOp for requests, 0/1 status for replies, Notice for monitor notices
-  uint8_t kind = 0;      // ErrorKind in an abort notice
+  uint8_t kind = 0;      // ErrorKind (comm/monitor.h) in an abort notice
   uint32_t word = 0;     // key length in requests, origin rank in notices
   uint64_t length = 0;   // value / message length
 };
