@@ -119,7 +119,7 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
       .def_readwrite("timeout_ms", &DistributedConfig::timeoutMs)
       .def_readwrite("job_id", &DistributedConfig::jobId)
       .def_readwrite("transport", &DistributedConfig::transport,
-                     "CYXWIZ_TRANSPORT: auto, tcp or shm; after init, the one the job uses (shm or tcp).")
+                     "CYXWIZ_TRANSPORT: auto, tcp or shm; after init, what the job uses: shm (one host), shm+tcp (shared memory inside hosts, TCP between them) or tcp.")
       .def_readwrite("secret", &DistributedConfig::secret, "Shared secret every rank must prove (CYXWIZ_SECRET); never printed.")
       .def_readonly("source", &DistributedConfig::source)
       .def_static("from_environment", &DistributedConfig::fromEnvironment)

@@ -1,6 +1,7 @@
 // Collectives: what an algorithm over one transport offers the backend. The TCP ring (cpu/ring.h)
-// and the shared-memory group (shm/shm_collectives.h) implement it; CpuBackend queues calls against
-// it and never cares which one runs them.
+// and the shared-memory group (shm/shm_collectives.h) implement it; the hierarchical all-reduce
+// (hierarchical.h) composes them through it; CpuBackend queues calls against it and never cares
+// which one runs them.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,11 @@ class Collectives {
   virtual void allGather(const void* in, void* out, size_t bytesPerRank) = 0;
   // Rank r gets part r of the reduced input, parts split as numpy.array_split splits.
   virtual void reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) = 0;
+  // The halves of an all-reduce, in place on `data`, parts as partBegin splits them among the
+  // group. After reduceScatterInPlace this rank's part holds the reduction (Avg: divided by the
+  // group's size); the other parts hold anything. allGatherInPlace sends every rank's part to all.
+  virtual void reduceScatterInPlace(void* data, size_t count, DType dtype, ReduceOp op) = 0;
+  virtual void allGatherInPlace(void* data, size_t count, DType dtype) = 0;
   virtual void barrier() = 0;
   // Only checks that every rank made this same call (collectives whose data travels elsewhere).
   virtual void checkCalls() = 0;

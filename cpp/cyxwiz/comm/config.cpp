@@ -149,7 +149,7 @@ void DistributedConfig::readTuning() {
     const std::string& v = *t;
     if (v != "auto" && v != "tcp" && v != "shm") {
       throw InvalidArgument(makeString("CYXWIZ_TRANSPORT='", v, "' is not a transport: expected auto (the default: shared "
-                                       "memory when every rank is on one host), tcp or shm"));
+                                       "memory among the ranks of each host), tcp or shm"));
     }
     transport = v;
   }

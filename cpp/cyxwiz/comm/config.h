@@ -45,8 +45,9 @@ struct DistributedConfig {
   int64_t ringSliceBytes = kDefaultRingSliceBytes;  // CYXWIZ_RING_SLICE_BYTES
   int64_t spinUs = -1;                              // CYXWIZ_SPIN_US; -1: chosen from the cores
   int localWorldSize = 0;                           // LOCAL_WORLD_SIZE; 0: not known
-  // CYXWIZ_TRANSPORT: "auto" (shared memory when every rank is on this host, else TCP), "tcp" or
-  // "shm". After init, get_config() says which one the job uses: "shm" or "tcp".
+  // CYXWIZ_TRANSPORT: "auto" (shared memory among the ranks of each host where it can be proved,
+  // else TCP), "tcp" or "shm". After init, get_config() says what the job uses: "shm" (one host),
+  // "shm+tcp" (shared memory inside hosts, TCP between them) or "tcp".
   std::string transport = "auto";
 
   // Raises InvalidArgument naming the variable (and what was expected) for any bad or partial value.

@@ -6,6 +6,7 @@
 #include "cyxwiz/comm/cpu/duplex.h"
 #include "cyxwiz/comm/cpu/rendezvous.h"
 #include "cyxwiz/comm/cpu/ring.h"
+#include "cyxwiz/comm/hierarchical.h"
 #include "cyxwiz/comm/reduce.h"
 #include "cyxwiz/comm/shm/shm_collectives.h"
 #include "cyxwiz/comm/shm/topology.h"
@@ -91,19 +92,31 @@ CpuBackend::CpuBackend(const DistributedConfig& config, const std::function<void
     try {
       store_ = std::make_unique<TcpStore>(config_, deadline);
       monitor_ = std::make_unique<Monitor>(config_, deadline);
-      RingLinks links = connectRing(config_, *store_, publishedIp(config_, store_->localIp()), deadline);
+      const shm::Hosts hosts = shm::readHosts(config_, *store_, deadline);
+      // Links between hosts are opened with the ring, in case the hosts prove able to share memory.
+      HostRing hostRing;
+      if (hosts.hierarchical() && hosts.transport != "tcp") {
+        hostRing.left = hosts.at((hosts.host + hosts.count() - 1) % hosts.count(), hosts.local);
+        hostRing.right = hosts.at((hosts.host + 1) % hosts.count(), hosts.local);
+      }
+      RingLinks links = connectRing(config_, *store_, publishedIp(config_, store_->localIp()), deadline, hostRing);
       left_ = std::move(links.left);
       right_ = std::move(links.right);
       partners_ = std::move(links.partners);
+      hostLeft_ = std::move(links.hostLeft);
+      hostRight_ = std::move(links.hostRight);
       std::vector<std::string> addresses = links.addresses;
       p2p_ = std::make_unique<PointToPoint>(config_, std::move(links.gate), std::move(links.addresses));
-      left_.socket.setLiveness(config.timeoutMs);
-      right_.socket.setLiveness(config.timeoutMs);
-      for (Pair& p : partners_) p.socket.setLiveness(config.timeoutMs);
+      for (Pair* p : allLinks()) p->socket.setLiveness(config.timeoutMs);
       std::string whyNot;
-      shm_ = shm::formGroup(config_, *store_, deadline, &whyNot);
+      shm_ = shm::formGroup(config_, *store_, hosts, deadline, &whyNot);
       if (shm_) shm_->addresses = std::move(addresses);
-      config_.transport = shm_ ? "shm" : "tcp";
+      if (shm_ && hosts.count() > 1) host_ = hosts.host, hosts_ = hosts.count();
+      if (!shm_) {
+        hostLeft_.socket.close();  // unused: every collective takes the flat ring
+        hostRight_.socket.close();
+      }
+      config_.transport = !shm_ ? "tcp" : hosts_ > 1 ? "shm+tcp" : "shm";
       if (!shm_ && config_.rank == 0) logDebug(makeString("init: transport tcp: ", whyNot));
     } catch (...) {
       failRendezvous(std::current_exception());
@@ -183,16 +196,26 @@ void CpuBackend::execute(Task& task, bool onCaller) {
   try {
     const auto spin = onCaller ? spin_ : std::min(spin_, kMaxAsyncSpin);
     const auto interrupted = onCaller ? interruptCheck() : nullptr;
-    if (shm_) {
+    const Deadline deadline = deadlineAfterMs(config_.timeoutMs);
+    const auto slice = static_cast<size_t>(config_.ringSliceBytes);
+    if (shm_ && hosts_ == 1) {
       shm::ShmCollectives local(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted,
                                 &finalizing_);
       task.body(local);
     } else {
-      Duplex io(&left_, &right_, monitor_.get(), deadlineAfterMs(config_.timeoutMs), config_.timeoutMs, *task.work, spin,
-                interrupted, &finalizing_);
-      Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call, &left_, &right_, &partners_,
-                static_cast<size_t>(config_.ringSliceBytes));
-      task.body(ring);
+      Duplex io(&left_, &right_, monitor_.get(), deadline, config_.timeoutMs, *task.work, spin, interrupted, &finalizing_);
+      Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call, &left_, &right_, &partners_, slice);
+      if (!shm_) {
+        task.body(ring);
+      } else {
+        shm::ShmCollectives local(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted,
+                                  &finalizing_);
+        Duplex acrossIo(&hostLeft_, &hostRight_, monitor_.get(), deadline, config_.timeoutMs, *task.work, spin,
+                        interrupted, &finalizing_);
+        Ring across(host_, hosts_, acrossIo, scratch_, task.call, &hostLeft_, &hostRight_, nullptr, slice);
+        Hierarchical hierarchical(local, across, ring, shm_->size(), shm_->me(), config_.worldSize);
+        task.body(hierarchical);
+      }
     }
     task.body = nullptr;
     task.work->finish();
@@ -258,9 +281,7 @@ void CpuBackend::shutdown() {
     std::unique_lock<std::mutex> lock(mutex_);
     if (busy_) {
       finalizing_ = true;
-      left_.socket.shutdownBoth();
-      right_.socket.shutdownBoth();
-      for (Pair& p : partners_) p.socket.shutdownBoth();
+      for (Pair* p : allLinks()) p->socket.shutdownBoth();
       inFlight = !changed_.wait_for(lock, std::chrono::seconds(5), [this] { return !busy_; });
     }
   }
@@ -277,10 +298,14 @@ void CpuBackend::shutdown() {
   if (server_) server_->stop();
 }
 
+std::vector<Pair*> CpuBackend::allLinks() {
+  std::vector<Pair*> all{&left_, &right_, &hostLeft_, &hostRight_};
+  for (Pair& p : partners_) all.push_back(&p);
+  return all;
+}
+
 void CpuBackend::closeLinks() {
-  left_.socket.close();
-  right_.socket.close();
-  for (Pair& p : partners_) p.socket.close();
+  for (Pair* p : allLinks()) p->socket.close();
 }
 
 std::shared_ptr<Work> CpuBackend::staged(const CallSignature& call, const Tensor& in, const Tensor& out,

@@ -1,4 +1,6 @@
-// CpuBackend: collectives over TCP, a ring of connections between the ranks.
+// CpuBackend: collectives over TCP, a ring of connections between the ranks; over shared memory
+// when every rank is on one host; hierarchical (shared memory inside hosts, rings between them) when
+// the job spans hosts with the same number of ranks each (shm/topology.h).
 //
 // Construction is the rendezvous: rank 0 serves the store and the job monitor on MASTER_PORT,
 // every rank connects to it, the ranks open their ring links, and a barrier proves the ring works.
@@ -73,6 +75,7 @@ class CpuBackend final : public Backend {
   // Marks the backend busy, runs the task with `lock` released, then wakes whoever waits.
   void runLocked(std::unique_lock<std::mutex>& lock, Task& task, bool onCaller);
   void workerLoop();
+  std::vector<Pair*> allLinks();  // every collective link (some may be unused: closed)
   void closeLinks();
   static void requireCpu(const Tensor& t, const char* what);
   std::shared_ptr<Work> pointToPoint(Collective kind, const Tensor& data, int peer, int64_t tag);
@@ -85,7 +88,11 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Monitor> monitor_;
   Pair left_, right_;
   std::vector<Pair> partners_;  // recursive-doubling links (power-of-two worlds of 4+)
-  std::unique_ptr<shm::Group> shm_;    // every rank on this host: collectives through shared memory
+  std::unique_ptr<shm::Group> shm_;    // this host's ranks: collectives through shared memory
+  // Several hosts (shm_ holds this host's ranks): the ring of this rank's counterparts on the
+  // other hosts, and this rank's host on it.
+  Pair hostLeft_, hostRight_;
+  int host_ = 0, hosts_ = 1;
   std::unique_ptr<PointToPoint> p2p_;  // send/recv; absent in a world of one
   std::atomic<uint64_t> p2pSequence_{0};
   std::vector<uint8_t> scratch_;  // receive and gather space, kept between calls

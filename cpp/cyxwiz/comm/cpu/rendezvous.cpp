@@ -81,20 +81,26 @@ void advanceDialed(Dialed& d, Deadline deadline) {
 // Runs the hellos of the links this rank dialed and accepts the ranks in `expected`, all under one
 // poll: strangers on the ring port (silent, garbled, another job) wait or are refused beside the
 // real ranks, never in front of them.
-std::map<int, Pair> handshakeLinks(const DistributedConfig& config, HelloGate& gate, std::vector<Dialed>& dialed,
-                                   const std::string& published, const std::set<int>& accept, Deadline deadline) {
-  std::set<int> expected = accept;
+// A link to accept: from `rank`, on the world ring (or butterfly) or on the ring between hosts.
+using LinkKey = std::pair<int, bool>;
+
+std::map<LinkKey, Pair> handshakeLinks(const DistributedConfig& config, HelloGate& gate, std::vector<Dialed>& dialed,
+                                       const std::string& published, const std::set<LinkKey>& accept,
+                                       Deadline deadline) {
+  std::set<LinkKey> expected = accept;
   JobIdentity job = jobIdentityOf(config);
   HelloGate::Decide decide = [&](const wire::Hello& hello, const std::string&, bool* later) -> std::string {
     *later = false;
     std::string refusal = checkGeneration(hello, job);
-    if (refusal.empty() && expected.count(static_cast<int>(hello.rank)) == 0) {
-      refusal = makeString("it is rank ", hello.rank, ", which this rank does not expect a link from (any more)");
+    const LinkKey key{static_cast<int>(hello.rank), (hello.flags & wire::kHelloHostLink) != 0};
+    if (refusal.empty() && expected.count(key) == 0) {
+      refusal = makeString("it is rank ", hello.rank, ", which this rank does not expect a", key.second ? " host" : "",
+                           " link from (any more)");
     }
-    if (refusal.empty()) expected.erase(static_cast<int>(hello.rank));
+    if (refusal.empty()) expected.erase(key);
     return refusal;
   };
-  std::map<int, Pair> accepted;
+  std::map<LinkKey, Pair> accepted;
   std::vector<pollfd> fds;
   auto dialing = [&] { return std::any_of(dialed.begin(), dialed.end(), [](Dialed& d) { return !d.hello.done(); }); };
   while ((!expected.empty() || dialing()) && Clock::now() < deadline) {
@@ -112,18 +118,20 @@ std::map<int, Pair> handshakeLinks(const DistributedConfig& config, HelloGate& g
     }
     for (auto& arrival : gate.handle(fds.data() + dialed.size(), decide)) {
       int from = static_cast<int>(arrival.hello.rank);
-      accepted[from] = Pair{std::move(arrival.socket), from, arrival.address};
+      accepted[{from, (arrival.hello.flags & wire::kHelloHostLink) != 0}] = Pair{std::move(arrival.socket), from, arrival.address};
     }
   }
   if (!expected.empty()) {
+    std::set<int> ranks;
+    for (const LinkKey& k : expected) ranks.insert(k.first);
     std::string missing;
-    for (int r : expected) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    for (int r : ranks) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     throw TimeoutError(makeString(rankPrefix(), "init: Timeout waiting for peers: rank ", missing,
                                   " did not connect to this rank's published address ", published, " within ",
                                   config.timeoutMs, " ms (a firewall may block the ports that ranks open for each other)"));
   }
-  for (int r : accept) {
-    if (!accepted.count(r)) throw NetworkError(makeString(rankPrefix(), "init: rank ", r, " left during its hello to this rank"));
+  for (const LinkKey& k : accept) {
+    if (!accepted.count(k)) throw NetworkError(makeString(rankPrefix(), "init: rank ", k.first, " left during its hello to this rank"));
   }
   for (Dialed& d : dialed) {
     if (!d.hello.done()) {
@@ -139,7 +147,8 @@ constexpr int64_t kRingHelloTimeoutMs = 3000;
 
 }  // namespace
 
-RingLinks connectRing(const DistributedConfig& config, Store& store, const std::string& localIp, Deadline deadline) {
+RingLinks connectRing(const DistributedConfig& config, Store& store, const std::string& localIp, Deadline deadline,
+                      HostRing hostRing) {
   const int rank = config.rank, n = config.worldSize;
   int err = 0;
   // Only on the interface the others reach this rank on (loopback for a loopback job).
@@ -160,9 +169,11 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
   // This rank dials its right neighbour and its higher-ranked partners; it accepts its left
   // neighbour and its lower-ranked partners. Hellos go out before any answer is awaited.
   const int rightRank = (rank + 1) % n, leftRank = (rank + n - 1) % n;
-  std::vector<int> dial{rightRank};
-  std::set<int> accept{leftRank};
-  for (int p : butterflyPartners(rank, n)) (p > rank ? dial.push_back(p) : (void)accept.insert(p));
+  std::vector<LinkKey> dial{{rightRank, false}};
+  std::set<LinkKey> accept{{leftRank, false}};
+  for (int p : butterflyPartners(rank, n)) (p > rank ? dial.push_back({p, false}) : (void)accept.insert({p, false}));
+  if (hostRing.right >= 0) dial.push_back({hostRing.right, true});
+  if (hostRing.left >= 0) accept.insert({hostRing.left, true});
   wire::Hello hello;
   hello.channel = wire::Channel::Ring;
   hello.jobHash = wire::hashJobId(config.jobId);
@@ -170,29 +181,33 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
   hello.rank = static_cast<uint32_t>(rank);
   hello.generation = config.generation;
   std::vector<Dialed> dialed;
-  for (int p : dial) {
-    dialed.push_back({dialPeer(p, store.get(addressKey(p), deadline), deadline), CallerHello(hello, config.secret, p), {}});
+  for (const auto& [p, hostLink] : dial) {
+    wire::Hello h = hello;
+    if (hostLink) h.flags |= wire::kHelloHostLink;
+    dialed.push_back({dialPeer(p, store.get(addressKey(p), deadline), deadline), CallerHello(h, config.secret, p), {}});
     const std::vector<uint8_t>& opening = dialed.back().hello.opening();
     IoStatus st = dialed.back().pair.socket.sendAll(opening.data(), opening.size(), deadline);
     if (!st.ok()) {
       throw NetworkError(makeString(rankPrefix(), "init: ", dialed.back().pair.name(), " closed this rank's link: ", st.describe()));
     }
   }
-  std::map<int, Pair> accepted = handshakeLinks(config, *gate, dialed, published, accept, deadline);
+  std::map<LinkKey, Pair> accepted = handshakeLinks(config, *gate, dialed, published, accept, deadline);
   RingLinks links;
   for (int r = 0; r < n; ++r) links.addresses.push_back(r == rank ? published : store.get(addressKey(r), deadline));
   links.gate = std::move(gate);
   links.right = std::move(dialed[0].pair);
-  links.left = std::move(accepted[leftRank]);
+  links.left = std::move(accepted[{leftRank, false}]);
   for (int p : butterflyPartners(rank, n)) {
     if (p > rank) {
-      for (Dialed& d : dialed) {
-        if (d.pair.rank == p && d.pair.socket.valid()) links.partners.push_back(std::move(d.pair));
+      for (size_t i = 0; i < dial.size(); ++i) {
+        if (dial[i] == LinkKey{p, false}) links.partners.push_back(std::move(dialed[i].pair));
       }
     } else {
-      links.partners.push_back(std::move(accepted[p]));
+      links.partners.push_back(std::move(accepted[{p, false}]));
     }
   }
+  if (hostRing.right >= 0) links.hostRight = std::move(dialed.back().pair);
+  if (hostRing.left >= 0) links.hostLeft = std::move(accepted[{hostRing.left, true}]);
   return links;
 }
 

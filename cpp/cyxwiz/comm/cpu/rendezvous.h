@@ -22,6 +22,9 @@ struct RingLinks {
   // In power-of-two worlds of 4 or more: links to rank r XOR 2, r XOR 4, ... (r XOR 1 is a ring
   // neighbour), for recursive doubling of small messages: log2(N) rounds instead of N-1.
   std::vector<Pair> partners;
+  // The ring between hosts of the ranks with this rank's local index (hierarchical all-reduce):
+  // accepted from the previous host's counterpart, dialed to the next one's; empty when not asked.
+  Pair hostLeft, hostRight;
   // This rank's ring port, still open: point-to-point senders dial it after init (p2p.h).
   std::unique_ptr<HelloGate> gate;
   std::vector<std::string> addresses;  // every rank's published "ip:port", by rank
@@ -30,7 +33,13 @@ struct RingLinks {
 // Rank r XOR 2^k for k >= 1, in order; empty unless worldSize is a power of two >= 4.
 std::vector<int> butterflyPartners(int rank, int worldSize);
 
+// The ranks of this rank's ring between hosts, or -1 when there is none.
+struct HostRing {
+  int left = -1, right = -1;
+};
+
 // `localIp`: the address other ranks can reach this one on (the interface that reaches rank 0).
-RingLinks connectRing(const DistributedConfig& config, Store& store, const std::string& localIp, Deadline deadline);
+RingLinks connectRing(const DistributedConfig& config, Store& store, const std::string& localIp, Deadline deadline,
+                      HostRing hostRing = {});
 
 }  // namespace cyxwiz::comm

@@ -38,7 +38,7 @@ Ring::Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const 
 
 void Ring::checkLeftHeader() {
   CallSignature left;
-  int from = mod(rank_ - 1);
+  int from = left_ != nullptr ? left_->rank : mod(rank_ - 1);
   if (!wire::decodeCall(leftHeader_, &left)) {
     throw BackendError(makeString(io_.what(), ": rank ", from, " sent bytes that are not a collective header: "
                                   "the ranks are out of step (mixed pycyxwiz versions?)"));
@@ -75,7 +75,7 @@ void Ring::gatherBlocks(uint8_t* blocks, size_t b) {
   }
 }
 
-void Ring::reduceScatterInPlace(uint8_t* data, size_t count, DType dtype, ReduceOp op, uint8_t* recvBuf, int steps) {
+void Ring::reduceScatterSteps(uint8_t* data, size_t count, DType dtype, ReduceOp op, uint8_t* recvBuf, int steps) {
   const size_t esz = itemSize(dtype);
   for (int s = 0; s < steps; ++s) {
     int sendChunk = mod(rank_ - s - 1), recvChunk = mod(rank_ - s - 2);
@@ -123,7 +123,7 @@ void Ring::ringAllReduce(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
   const size_t esz = itemSize(dtype);
   auto at = [&](int chunk) { return partBegin(count, size_, mod(chunk)) * esz; };
   auto len = [&](int chunk) { return partBegin(count, size_, mod(chunk) + 1) * esz - at(chunk); };
-  reduceScatterInPlace(d, count, dtype, op, scratch_.data(), size_ - 2);
+  reduceScatterSteps(d, count, dtype, op, scratch_.data(), size_ - 2);
 
   // The last reduce-scatter step and the first all-gather step run as one: each segment of our own
   // chunk goes back out to the right as soon as it is reduced, instead of after the whole chunk.
@@ -145,10 +145,32 @@ void Ring::ringAllReduce(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
        {span(recvBuf, mineLen), span(d + at(recvLast), len(recvLast))}, std::move(merged));
 
   // The rest of the all-gather: pass on the chunk that arrived last, receive the next in place.
-  for (int s = 1; s < size_ - 1; ++s) {
+  allGatherSteps(d, count, esz, 1);
+}
+
+void Ring::allGatherSteps(uint8_t* d, size_t count, size_t esz, int first) {
+  auto at = [&](int chunk) { return partBegin(count, size_, mod(chunk)) * esz; };
+  auto len = [&](int chunk) { return partBegin(count, size_, mod(chunk) + 1) * esz - at(chunk); };
+  for (int s = first; s < size_ - 1; ++s) {
     int sendChunk = rank_ - s, recvChunk = rank_ - s - 1;
     step({span(d + at(sendChunk), len(sendChunk))}, {span(d + at(recvChunk), len(recvChunk))});
   }
+}
+
+void Ring::reduceScatterInPlace(void* data, size_t count, DType dtype, ReduceOp op) {
+  if (size_ == 1) return;
+  const size_t esz = itemSize(dtype);
+  auto* d = static_cast<uint8_t*>(data);
+  scratch_.resize(partBegin(count, size_, 1) * esz);  // the largest chunk
+  reduceScatterSteps(d, count, dtype, op, scratch_.data(), size_ - 1);
+  if (op == ReduceOp::Avg) {
+    const size_t mine = partBegin(count, size_, rank_);
+    finishAverage(d + mine * esz, partBegin(count, size_, rank_ + 1) - mine, dtype, size_);
+  }
+}
+
+void Ring::allGatherInPlace(void* data, size_t count, DType dtype) {
+  if (size_ > 1) allGatherSteps(static_cast<uint8_t*>(data), count, itemSize(dtype), 0);
 }
 
 void Ring::broadcast(void* data, size_t bytes, int root) {
@@ -203,7 +225,7 @@ void Ring::reduceScatter(const void* in, void* out, size_t count, DType dtype, R
     size_t work = count * esz, recv = partBegin(count, size_, 1) * esz;
     scratch_.resize(work + recv);
     std::memcpy(scratch_.data(), in, work);  // the caller's input stays as it was
-    reduceScatterInPlace(scratch_.data(), count, dtype, op, scratch_.data() + work, size_ - 1);
+    reduceScatterSteps(scratch_.data(), count, dtype, op, scratch_.data() + work, size_ - 1);
     in = scratch_.data();
   }
   std::memcpy(out, static_cast<const uint8_t*>(in) + mine * esz, mineLen * esz);

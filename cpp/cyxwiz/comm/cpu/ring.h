@@ -39,6 +39,8 @@ class Ring : public Collectives {
   void allGather(const void* in, void* out, size_t bytesPerRank) override;
   // Rank r gets part r of the reduced input, parts split as numpy.array_split splits.
   void reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override;
+  void reduceScatterInPlace(void* data, size_t count, DType dtype, ReduceOp op) override;
+  void allGatherInPlace(void* data, size_t count, DType dtype) override;
   void barrier() override;
   // One step that carries only the headers: every rank's call is checked against its left
   // neighbour's, so the whole ring agrees (collectives whose data travels elsewhere).
@@ -56,7 +58,9 @@ class Ring : public Collectives {
   void recursiveDoubling(uint8_t* data, size_t count, DType dtype, ReduceOp op);
   void ringAllReduce(uint8_t* data, size_t count, DType dtype, ReduceOp op);
   // The first `steps` reduce-scatter steps (N-1 for all of them).
-  void reduceScatterInPlace(uint8_t* data, size_t count, DType dtype, ReduceOp op, uint8_t* recvBuf, int steps);
+  void reduceScatterSteps(uint8_t* data, size_t count, DType dtype, ReduceOp op, uint8_t* recvBuf, int steps);
+  // All-gather steps from `first` on: step s passes on chunk r-s and receives chunk r-s-1 in place.
+  void allGatherSteps(uint8_t* data, size_t count, size_t esz, int first);
 
   int rank_, size_;
   Duplex& io_;

@@ -32,6 +32,9 @@ constexpr uint64_t kMaxNoticeBytes = 1ull << 20;
 // With a shared secret, the hello is followed by the caller's nonce and a challenge-response
 // (handshake.h).
 constexpr uint16_t kHelloHasProof = 1;
+// A ring link between hosts (the hierarchical all-reduce's), not the world ring's: two ranks may
+// hold both kinds of link to each other.
+constexpr uint16_t kHelloHostLink = 2;
 
 enum class Channel : uint16_t { Store = 1, Monitor = 2, Ring = 3 };
 const char* channelName(Channel c);

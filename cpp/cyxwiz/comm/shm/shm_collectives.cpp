@@ -270,4 +270,52 @@ void ShmCollectives::reduceScatter(const void* in, void* out, size_t count, DTyp
   if (op == ReduceOp::Avg) finishAverage(out, last - first, dtype, n);
 }
 
+void ShmCollectives::reduceScatterInPlace(void* data, size_t count, DType dtype, ReduceOp op) {
+  const size_t esz = itemSize(dtype), window = g_.halfBytes() / esz;
+  const int n = g_.size(), me = g_.me();
+  const size_t first = partBegin(count, n, me), last = partBegin(count, n, me + 1);
+  auto* d = static_cast<uint8_t*>(data);
+  size_t at = 0;
+  do {
+    const size_t len = std::min(window, count - at);
+    // Our part's share of this window, [from, to); empty at the window's edge when it lies outside.
+    const size_t from = std::min(std::max(at, first), at + len), to = std::max(from, std::min(at + len, last));
+    const int h = nextHalf();
+    uint8_t* copy = writable(h, d + at * esz);
+    std::memcpy(copy, d + at * esz, (from - at) * esz);
+    std::memcpy(copy + (to - at) * esz, d + to * esz, (at + len - to) * esz);
+    arrive();
+    for (int r = 0; r < n; ++r) {
+      if (r != me) reduceInto(d + from * esz, g_.half(r, h) + (from - at) * esz, to - from, dtype, op);
+    }
+    doneReading(h);
+    at += len;
+  } while (at < count);
+  if (op == ReduceOp::Avg) finishAverage(d + first * esz, last - first, dtype, n);
+}
+
+void ShmCollectives::allGatherInPlace(void* data, size_t count, DType dtype) {
+  const size_t esz = itemSize(dtype);
+  const int n = g_.size(), me = g_.me();
+  auto* d = static_cast<uint8_t*>(data);
+  auto begin = [&](int r) { return partBegin(count, n, r) * esz; };
+  const size_t largest = begin(1) - begin(0);
+  size_t at = 0;
+  do {
+    // What of rank r's part this round carries.
+    auto piece = [&](int r) {
+      const size_t part = begin(r + 1) - begin(r);
+      return at < part ? std::min(g_.halfBytes(), part - at) : size_t{0};
+    };
+    const int h = nextHalf();
+    std::memcpy(writable(h, d + begin(me) + at), d + begin(me) + at, piece(me));
+    arrive();
+    for (int r = 0; r < n; ++r) {
+      if (r != me) std::memcpy(d + begin(r) + at, g_.half(r, h), piece(r));
+    }
+    doneReading(h);
+    at += g_.halfBytes();
+  } while (at < largest);
+}
+
 }  // namespace cyxwiz::comm::shm

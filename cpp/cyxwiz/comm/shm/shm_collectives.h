@@ -42,6 +42,11 @@ class ShmCollectives : public Collectives {
   void broadcast(void* data, size_t bytes, int root) override;
   void allGather(const void* in, void* out, size_t bytesPerRank) override;
   void reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override;
+  // One round per window of half a slot: each rank copies in the others' parts of it and reduces its
+  // own, reading its own copy from its array (any order: only its owner computes a part).
+  void reduceScatterInPlace(void* data, size_t count, DType dtype, ReduceOp op) override;
+  // One round per half a slot of the largest part.
+  void allGatherInPlace(void* data, size_t count, DType dtype) override;
   void barrier() override { arrive(); }
   void checkCalls() override { arrive(); }
   const CallSignature& call() const override { return call_; }

@@ -69,13 +69,20 @@ std::string hostIdentity() {
                     " shm ", shmDir, " uid ", ::getuid());
 }
 
-std::unique_ptr<Group> formGroup(const DistributedConfig& config, Store& store, Deadline deadline, std::string* whyNot) {
+bool Hosts::hierarchical() const {
+  if (count() < 2) return false;
+  for (const auto& h : ranks) {
+    if (h.size() < 2 || h.size() != ranks[0].size()) return false;
+  }
+  return true;
+}
+
+Hosts readHosts(const DistributedConfig& config, Store& store, Deadline deadline) {
   const int n = config.worldSize, me = config.rank;
   const Record mine{config.transport, hostIdentity(), linkTarget("/proc/self/ns/pid")};
   store.set(hostKey(me), encode(mine), deadline);
   std::vector<Record> all;
   for (int r = 0; r < n; ++r) all.push_back(r == me ? mine : decode(store.get(hostKey(r), deadline)));
-
   for (int r = 0; r < n; ++r) {
     if (all[r].transport != mine.transport) {
       raiseTogether(store, config, "read", deadline, InvalidArgument(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT differs between ranks: rank ", me, " has '",
@@ -83,53 +90,84 @@ std::unique_ptr<Group> formGroup(const DistributedConfig& config, Store& store, 
                                        "'; set the same value on every rank (or none: auto)")));
     }
   }
-  if (mine.transport == "tcp") {
+  Hosts hosts;
+  hosts.transport = mine.transport;
+  for (int r = 0; r < n; ++r) {
+    hosts.samePidNamespace = hosts.samePidNamespace && all[r].pidNamespace == mine.pidNamespace;
+    int h = 0;
+    while (h < hosts.count() && all[hosts.ranks[h][0]].identity != all[r].identity) ++h;
+    if (h == hosts.count()) hosts.ranks.emplace_back();
+    if (r == me) hosts.host = h, hosts.local = static_cast<int>(hosts.ranks[h].size());
+    hosts.ranks[h].push_back(r);
+  }
+  return hosts;
+}
+
+namespace {
+
+// Why these hosts cannot use shared memory at all, or "" when they can try. Measured against rank
+// 0's host, so that every rank names the same ranks.
+std::string unshareable(const Hosts& hosts) {
+  if (hosts.count() == 1 || hosts.hierarchical()) return "";
+  std::string list, sizes;
+  size_t elsewhere = 0;
+  for (size_t h = 1; h < hosts.ranks.size(); ++h) {
+    for (int r : hosts.ranks[h]) list += makeString(elsewhere++ ? ", " : "", r);
+  }
+  for (const auto& h : hosts.ranks) sizes += makeString(sizes.empty() ? "" : ", ", h.size());
+  return makeString(elsewhere == 1 ? "rank " : "ranks ", list, elsewhere == 1 ? " is" : " are",
+                    " on another host than rank 0 (or in another IPC namespace or /dev/shm), and shared memory across "
+                    "hosts needs the same number of ranks, at least 2, on every host (here ", sizes, ")");
+}
+
+}  // namespace
+
+std::unique_ptr<Group> formGroup(const DistributedConfig& config, Store& store, const Hosts& hosts, Deadline deadline,
+                                 std::string* whyNot) {
+  const int n = config.worldSize, me = config.rank;
+  if (hosts.transport == "tcp") {
     *whyNot = "CYXWIZ_TRANSPORT=tcp";
     return nullptr;
   }
-  // Measured against rank 0, so that every rank names the same ranks.
-  std::vector<int> elsewhere;
-  for (int r = 1; r < n; ++r) {
-    if (all[r].identity != all[0].identity) elsewhere.push_back(r);
-  }
-  if (!elsewhere.empty()) {
-    std::string list;
-    for (int r : elsewhere) list += makeString(list.empty() ? "" : ", ", r);
-    *whyNot = makeString(elsewhere.size() == 1 ? "rank " : "ranks ", list, elsewhere.size() == 1 ? " is" : " are", " on another host than rank 0 (or in another IPC namespace or /dev/shm)");
-    if (mine.transport == "shm") {
+  *whyNot = unshareable(hosts);
+  if (!whyNot->empty()) {
+    if (hosts.transport == "shm") {
       raiseTogether(store, config, "read", deadline,
                     InvalidArgument(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT=shm, but ", *whyNot,
-                                               "; shared memory needs every rank on one host: unset CYXWIZ_TRANSPORT "
-                                               "(auto) or set it to tcp")));
+                                               "; unset CYXWIZ_TRANSPORT (auto) or set it to tcp")));
     }
     return nullptr;
   }
 
-  // Rank 0 creates; everyone attaches and reads the token back; rank 0 unlinks once all answered.
-  const size_t bytes = Group::segmentBytes(n, kHalfBytes);
+  // Each host's lowest rank creates; everyone attaches and reads the token back; the creators
+  // unlink once every rank of the job has answered.
+  const std::vector<int>& mates = hosts.ranks[static_cast<size_t>(hosts.host)];
+  const int ranksHere = static_cast<int>(mates.size());
+  const size_t bytes = Group::segmentBytes(ranksHere, kHalfBytes);
+  const std::string segmentKey = makeString(kSegmentKey, "/", mates[0]);
   Segment segment;
   std::string problem;
-  if (me == 0) {
+  if (hosts.local == 0) {
     try {
       segment = Segment::create(bytes);
       std::string token = randomHex(Group::kTokenBytes / 2);
-      Group::format(segment, n, kHalfBytes, token);
-      store.set(kSegmentKey, segment.name() + " " + token, deadline);
+      Group::format(segment, ranksHere, kHalfBytes, token);
+      store.set(segmentKey, segment.name() + " " + token, deadline);
     } catch (const Error& e) {
       problem = e.what();
-      store.set(kSegmentKey, "- " + problem, deadline);
+      store.set(segmentKey, "- " + problem, deadline);
     }
   } else {
-    std::istringstream published(store.get(kSegmentKey, deadline));
+    std::istringstream published(store.get(segmentKey, deadline));
     std::string name, token;
     published >> name;
     std::getline(published >> std::ws, token);
     if (name == "-") {
-      problem = "rank 0 could not create the segment: " + token;
+      problem = makeString("rank ", mates[0], " could not create the segment: ", token);
     } else {
       try {
         segment = Segment::attach(name, bytes);
-        problem = Group::verify(segment, n, kHalfBytes, token);
+        problem = Group::verify(segment, ranksHere, kHalfBytes, token);
       } catch (const Error& e) {
         problem = e.what();
       }
@@ -137,12 +175,8 @@ std::unique_ptr<Group> formGroup(const DistributedConfig& config, Store& store, 
   }
   std::unique_ptr<Group> group;
   if (problem.empty()) {
-    group = std::make_unique<Group>(std::move(segment), [n] {
-      std::vector<int> ranks(static_cast<size_t>(n));
-      for (int r = 0; r < n; ++r) ranks[static_cast<size_t>(r)] = r;
-      return ranks;
-    }(), me, kHalfBytes);
-    group->control(me).pid = static_cast<int32_t>(::getpid());  // before we answer: peers read it after
+    group = std::make_unique<Group>(std::move(segment), mates, hosts.local, kHalfBytes);
+    group->control(hosts.local).pid = static_cast<int32_t>(::getpid());  // before we answer: peers read it after
   }
   store.set(attachedKey(me), problem.empty() ? "ok" : "no " + problem, deadline);
 
@@ -151,19 +185,17 @@ std::unique_ptr<Group> formGroup(const DistributedConfig& config, Store& store, 
     std::string answer = r == me ? (problem.empty() ? "ok" : "no " + problem) : store.get(attachedKey(r), deadline);
     if (answer != "ok") failures.push_back(makeString("rank ", r, ": ", answer.substr(3)));
   }
-  if (me == 0 && group) group->segment().unlink();
+  if (hosts.local == 0 && group) group->segment().unlink();
   if (!failures.empty()) {
     *whyNot = makeString("shared memory could not be shared (", failures.front(), ")");
-    if (mine.transport == "shm") {
+    if (hosts.transport == "shm") {
       raiseTogether(store, config, "answered", deadline,
                     BackendError(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT=shm, but ", *whyNot,
                                             "; unset CYXWIZ_TRANSPORT (auto) to fall back to TCP")));
     }
     return nullptr;
   }
-  bool samePids = true;
-  for (const Record& r : all) samePids = samePids && r.pidNamespace == mine.pidNamespace;
-  group->checkPids = samePids;
+  group->checkPids = hosts.samePidNamespace;
   return group;
 }
 
