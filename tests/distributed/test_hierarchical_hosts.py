@@ -44,12 +44,12 @@ def hosts():
         assert not os.path.exists(h.dir), f"{h.dir} left behind"
 
 
-def start(ranks, hosts, code: str, env: dict, name: str = "rank_script.py"):
-    """Starts rank r of `code` on host LAYOUT[r], through the harness (killed when the test ends)."""
+def start(ranks, hosts, code: str, env: dict, name: str = "rank_script.py", layout=LAYOUT):
+    """Starts rank r of `code` on host layout[r], through the harness (killed when the test ends)."""
     path = ranks.script(code, name)
-    env = {"MASTER_ADDR": hosts.addrs[0], "CYXWIZ_TRANSPORT": "<unset>", **env}
+    env = {"MASTER_ADDR": hosts.addrs[layout[0]], "CYXWIZ_TRANSPORT": "<unset>", **env}
     return [ranks.popen(hosts.argv_on(hosts.names[h], [sys.executable, path], cwd=ranks.tmp_path),
-                        ranks.env(r, WORLD, env), rank=r) for r, h in enumerate(LAYOUT)]
+                        ranks.env(r, len(layout), env), rank=r) for r, h in enumerate(layout)]
 
 
 def records(results, tag: str) -> list[dict]:
@@ -78,15 +78,15 @@ def wait_files(paths, procs, timeout: float) -> None:
 INPUTS = r'''
 import numpy as np
 CASES = {"f32_sum": ("float32", "SUM"), "f32_avg": ("float32", "AVG"), "i64_sum": ("int64", "SUM"),
-         "f32_max": ("float32", "MAX")}
-SIZES = [1, 3, 1000, 65537, 1 << 20]  # 3: fewer elements than ranks; 1 << 20 float32: 4 MiB
+         "f32_max": ("float32", "MAX"), "f64_avg": ("float64", "AVG"), "i64_min": ("int64", "MIN")}
+SIZES = [0, 1, 3, 1000, 65537, 1 << 20]  # 3: fewer elements than ranks; 1 << 20 float32: 4 MiB
 
 
 def make(rank, count, case):
     rng = np.random.default_rng([7, rank, count, list(CASES).index(case)])
     if CASES[case][0] == "int64":
         return rng.integers(-(1 << 40), 1 << 40, count, dtype=np.int64)
-    return rng.standard_normal(count).astype(np.float32)
+    return rng.standard_normal(count).astype(CASES[case][0])
 '''
 
 ALL_REDUCE = INPUTS + r'''
@@ -94,14 +94,17 @@ import hashlib, json, os
 import pycyxwiz as cx
 D = cx.distributed
 D.init()
-r = D.get_rank()
+r, n = D.get_rank(), D.get_world_size()
 hashes, mine = {}, {}
-for case, (_, op) in CASES.items():
-    for count in SIZES:
+for case in os.environ["CASES"].split(","):
+    for count in map(int, os.environ["SIZES"].split(",")):
         x = make(r, count, case)
-        D.all_reduce(x, op=getattr(D.ReduceOp, op))
+        D.all_reduce(x, op=getattr(D.ReduceOp, CASES[case][1]))
         hashes[f"{case}/{count}"] = hashlib.sha256(x.tobytes()).hexdigest()
         mine[f"{case}_{count}"] = x
+        # The other collectives stay on the flat ring: still in step with it after each all_reduce.
+        g = D.all_gather(np.array([r, count], np.int64))
+        assert [list(a) for a in g] == [[k, count] for k in range(n)], g
 if r == 0:
     np.savez(os.environ["OUT"], **mine)
 print("RESULT " + json.dumps({"rank": r, "transport": D.get_config().transport, "hashes": hashes}), flush=True)
@@ -109,41 +112,59 @@ D.finalize()
 '''
 
 
-def oracle(case: str, count: int, ns: dict) -> np.ndarray:
-    stack = np.stack([ns["make"](r, count, case) for r in range(WORLD)])
+def oracle(case: str, count: int, world: int, ns: dict) -> np.ndarray:
+    stack = np.stack([ns["make"](r, count, case) for r in range(world)])
     op = ns["CASES"][case][1]
-    if op == "MAX":
-        return stack.max(axis=0)
+    if op in ("MAX", "MIN"):
+        return stack.max(axis=0) if op == "MAX" else stack.min(axis=0)
     if op == "AVG":
         return stack.astype(np.float64).mean(axis=0)
     return stack.sum(axis=0) if stack.dtype == np.int64 else stack.astype(np.float64).sum(axis=0)
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("setting, expected", TRANSPORTS, ids=["auto", "tcp"])
-def test_all_reduce_matches_numpy(ranks, hosts, setting, expected):
+def check_all_reduce(ranks, hosts, setting, expected, layout=LAYOUT, cases=None, sizes=None) -> None:
+    """Runs ALL_REDUCE on `layout`; rank 0's results must be numpy's, every rank's the same bytes."""
+    ns: dict = {}
+    exec(INPUTS, ns)
+    cases, sizes = cases or list(ns["CASES"]), sizes or ns["SIZES"]
     out = ranks.tmp_path / "rank0.npz"
-    env = {"OUT": out, **({"CYXWIZ_TRANSPORT": setting} if setting else {})}
-    results = ranks.wait(start(ranks, hosts, ALL_REDUCE, env), timeout=45)
+    env = {"OUT": out, "CASES": ",".join(cases), "SIZES": ",".join(map(str, sizes)),
+           **({"CYXWIZ_TRANSPORT": setting} if setting else {})}
+    results = ranks.wait(start(ranks, hosts, ALL_REDUCE, env, layout=layout), timeout=45)
     report = ranks.report(results)[-6000:]
     assert all(r.rc == 0 for r in results), report
     reps = records(results, "RESULT")
-    ns: dict = {}
-    exec(INPUTS, ns)
     got = np.load(out)
-    for case, (dtype, _) in ns["CASES"].items():
-        for count in ns["SIZES"]:
+    for case in cases:
+        dtype = ns["CASES"][case][0]
+        for count in sizes:
             key = f"{case}/{count}"
-            x, want = got[f"{case}_{count}"], oracle(case, count, ns)
+            x, want = got[f"{case}_{count}"], oracle(case, count, len(layout), ns)
             assert x.dtype == np.dtype(dtype) and x.shape == (count,), key
-            if dtype == "int64" or case == "f32_max":
+            if dtype == "int64" or case == "f32_max":  # exact whatever the order of reduction
                 assert np.array_equal(x, want), f"{key}: {np.flatnonzero(x != want)[:5]} differ"
             else:
                 bad = ~np.isclose(x, want, rtol=1e-6, atol=1e-6)
                 assert not bad.any(), f"{key}: {bad.sum()} of {count} differ, first at {np.flatnonzero(bad)[0]}"
             hashes = {rep["rank"]: rep["hashes"][key] for rep in reps}
             assert len(set(hashes.values())) == 1, f"{key}: ranks ended with different bytes: {hashes}"
-    assert [rep["transport"] for rep in reps] == [expected] * WORLD, report
+    assert [rep["transport"] for rep in reps] == [expected] * len(layout), report
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("setting, expected", TRANSPORTS, ids=["auto", "tcp"])
+def test_all_reduce_matches_numpy(ranks, hosts, setting, expected):
+    check_all_reduce(ranks, hosts, setting, expected)
+
+
+# Hosts by lowest rank, local index by position, whatever the order of the ranks; uneven hosts or
+# hosts of one rank keep the flat ring.
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("layout, expected", [((0, 1, 0, 1), "shm+tcp"), ((1, 1, 1, 0, 0, 0), "shm+tcp"),
+                                              ((0, 0, 1), "tcp"), ((0, 1), "tcp")],
+                         ids=["interleaved", "3per_host", "uneven", "1per_host"])
+def test_other_layouts(ranks, hosts, layout, expected):
+    check_all_reduce(ranks, hosts, None, expected, layout, ["f32_avg", "i64_sum"], [0, 1, 5, 65537])
 
 
 # --- DDP on 2 x 2 ends where one process ends -------------------------------------------------------
@@ -166,9 +187,11 @@ finish(digest=digest(ddp.parameters()), transport=D.get_config().transport)
 '''
 
 
+# overlap "1": bucket all-reduces on the communication thread during backward; "0": all at sync time.
 @pytest.mark.timeout(60)
-def test_ddp_on_two_hosts_matches_one_process(ranks, hosts):
-    results = ranks.wait(start(ranks, hosts, DDP, {}), timeout=45)
+@pytest.mark.parametrize("overlap", ["0", "1"])
+def test_ddp_on_two_hosts_matches_one_process(ranks, hosts, overlap):
+    results = ranks.wait(start(ranks, hosts, DDP, {"CYXWIZ_DDP_OVERLAP": overlap}), timeout=45)
     report = ranks.report(results)[-6000:]
     assert all(r.rc == 0 for r in results), report
     reps = records(results, "RESULT")
@@ -230,6 +253,7 @@ def test_hierarchical_sends_two_thirds_of_the_flat_rings_bytes(ranks, hosts):
     hier, hier_t = link_bytes(ranks, hosts, None, calls)
     msg = (f"link bytes for {calls} x 16 MiB: flat ring ({flat_t}) {flat}, default ({hier_t}) {hier}, "
            f"ratio {hier / flat:.3f}")
+    print(msg)
     # Flat ring 0->1->2->3->0 crosses twice: 1.5 buffers per direction per call, 3 in all.
     assert 2.9 * buffer * calls <= flat <= 3.3 * buffer * calls, msg
     assert hier_t == "shm+tcp" and flat_t == "tcp", msg
@@ -281,5 +305,6 @@ def test_cut_link_ends_every_rank_with_an_error(ranks, hosts):
         assert e["dist"] and e["cls"] in ("DistNetworkError", "DistTimeoutError"), report
         assert re.search(r"\brank \d", e["msg"]), report
         assert ended[r] < timeout_ms / 1000 + 10, report
+        assert e["transport"] == "shm+tcp", report
     for h in hosts.names:
         assert hosts.shm_files(h) == [], f"{h}: {hosts.shm_files(h)} left in /dev/shm"
