@@ -92,13 +92,18 @@ CpuBackend::CpuBackend(const DistributedConfig& config, const std::function<void
     try {
       store_ = std::make_unique<TcpStore>(config_, deadline);
       monitor_ = std::make_unique<Monitor>(config_, deadline);
-      const shm::Hosts hosts = shm::readHosts(config_, *store_, deadline);
-      // Links between hosts are opened with the ring, in case the hosts prove able to share memory.
-      HostRing hostRing;
-      if (hosts.hierarchical() && hosts.transport != "tcp") {
-        hostRing.left = hosts.at((hosts.host + hosts.count() - 1) % hosts.count(), hosts.local);
-        hostRing.right = hosts.at((hosts.host + 1) % hosts.count(), hosts.local);
-      }
+      shm::publishHost(config_, *store_, deadline);
+      shm::Hosts hosts;
+      // Links between hosts open with the ring, in case the hosts prove able to share memory.
+      auto hostRing = [&] {
+        hosts = shm::readHosts(config_, *store_, deadline);
+        HostRing ring;
+        if (hosts.hierarchical() && hosts.transport != "tcp") {
+          ring.left = hosts.at((hosts.host + hosts.count() - 1) % hosts.count(), hosts.local);
+          ring.right = hosts.at((hosts.host + 1) % hosts.count(), hosts.local);
+        }
+        return ring;
+      };
       RingLinks links = connectRing(config_, *store_, publishedIp(config_, store_->localIp()), deadline, hostRing);
       left_ = std::move(links.left);
       right_ = std::move(links.right);

@@ -148,7 +148,7 @@ constexpr int64_t kRingHelloTimeoutMs = 3000;
 }  // namespace
 
 RingLinks connectRing(const DistributedConfig& config, Store& store, const std::string& localIp, Deadline deadline,
-                      HostRing hostRing) {
+                      const std::function<HostRing()>& askHostRing) {
   const int rank = config.rank, n = config.worldSize;
   int err = 0;
   // Only on the interface the others reach this rank on (loopback for a loopback job).
@@ -165,6 +165,7 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
   for (int r = 0; r < n; ++r) keys.push_back(addressKey(r));
   std::vector<std::string> missing = store.waitAll(keys, deadline);
   if (!missing.empty()) missingRanks(config, missing);
+  const HostRing hostRing = askHostRing ? askHostRing() : HostRing{};
 
   // This rank dials its right neighbour and its higher-ranked partners; it accepts its left
   // neighbour and its lower-ranked partners. Hellos go out before any answer is awaited.

@@ -5,6 +5,7 @@
 // waits on a circle of others, and strangers on the port wait beside the real ranks (HelloGate).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,7 +40,9 @@ struct HostRing {
 };
 
 // `localIp`: the address other ranks can reach this one on (the interface that reaches rank 0).
+// `hostRing` (may be empty) is asked, once every rank has published its address, for this rank's
+// ring between hosts.
 RingLinks connectRing(const DistributedConfig& config, Store& store, const std::string& localIp, Deadline deadline,
-                      HostRing hostRing = {});
+                      const std::function<HostRing()>& hostRing = {});
 
 }  // namespace cyxwiz::comm

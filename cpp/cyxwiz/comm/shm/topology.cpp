@@ -77,10 +77,21 @@ bool Hosts::hierarchical() const {
   return true;
 }
 
+namespace {
+
+Record myRecord(const DistributedConfig& config) {
+  return Record{config.transport, hostIdentity(), linkTarget("/proc/self/ns/pid")};
+}
+
+}  // namespace
+
+void publishHost(const DistributedConfig& config, Store& store, Deadline deadline) {
+  store.set(hostKey(config.rank), encode(myRecord(config)), deadline);
+}
+
 Hosts readHosts(const DistributedConfig& config, Store& store, Deadline deadline) {
   const int n = config.worldSize, me = config.rank;
-  const Record mine{config.transport, hostIdentity(), linkTarget("/proc/self/ns/pid")};
-  store.set(hostKey(me), encode(mine), deadline);
+  const Record mine = myRecord(config);
   std::vector<Record> all;
   for (int r = 0; r < n; ++r) all.push_back(r == me ? mine : decode(store.get(hostKey(r), deadline)));
   for (int r = 0; r < n; ++r) {

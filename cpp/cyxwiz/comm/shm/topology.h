@@ -38,8 +38,11 @@ struct Hosts {
   int at(int host, int local) const { return ranks[static_cast<size_t>(host)][static_cast<size_t>(local)]; }
 };
 
-// Publishes this rank's identity and reads every rank's. InvalidArgument (raised on every rank) when
-// the ranks' CYXWIZ_TRANSPORT values differ.
+// Publishes this rank's identity (before its ring address, so that whoever has every address
+// finds every identity at once).
+void publishHost(const DistributedConfig& config, Store& store, Deadline deadline);
+// Every rank's identity. InvalidArgument (raised on every rank) when the ranks' CYXWIZ_TRANSPORT
+// values differ.
 Hosts readHosts(const DistributedConfig& config, Store& store, Deadline deadline);
 
 // This rank's host group, or null when the job stays on TCP alone (CYXWIZ_TRANSPORT=tcp, ranks alone
