@@ -308,3 +308,24 @@ def test_cut_link_ends_every_rank_with_an_error(ranks, hosts):
         assert e["transport"] == "shm+tcp", report
     for h in hosts.names:
         assert hosts.shm_files(h) == [], f"{h}: {hosts.shm_files(h)} left in /dev/shm"
+
+
+# --- a killed rank ends every other rank ---------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("victim", [1, 2], ids=["host_a_local1", "host_b_local0"])
+def test_killed_rank_ends_every_other_rank(ranks, hosts, victim):
+    timeout_ms = 6000
+    env = {"SYNC": ranks.tmp_path, "DISTRIBUTED_TIMEOUT_MS": timeout_ms}
+    procs = start(ranks, hosts, CUT, env)
+    wait_files([ranks.tmp_path / f"ready.{r}" for r in range(WORLD)], procs, 40)
+    time.sleep(0.3)                                   # inside the loop of all_reduces
+    ranks.kill(procs[victim])
+    results = ranks.wait([p for p in procs if p.rank != victim], timeout=timeout_ms / 1000 + 10)
+    report = ranks.report(results)[-6000:]
+    assert all(r.rc == 3 for r in results), report
+    for e in records(results, "ERROR"):
+        assert e["dist"] and e["cls"] in ("DistNetworkError", "DistTimeoutError"), report
+        assert re.search(rf"\brank {victim}\b", e["msg"]) and e["transport"] == "shm+tcp", report
+    for h in hosts.names:
+        assert hosts.shm_files(h) == [], f"{h}: {hosts.shm_files(h)} left in /dev/shm"
