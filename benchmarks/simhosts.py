@@ -224,7 +224,8 @@ def plot(records, args, path):
             rs = sorted((r for r in records if r["ranks_per_host"] == L and r["setting"] == setting), key=lambda r: r["bytes"])
             if not rs:
                 continue
-            label = f"2x{L} {rs[0]['algorithm']} ({rs[0]['transport']})"
+            setting_label = "CYXWIZ_TRANSPORT=tcp" if setting == "tcp" else "default"
+            label = f"2x{L} {setting_label}: {rs[0]['algorithm']} ({rs[0]['transport']})"
             sizes = [r["bytes"] for r in rs]
             ax.plot(sizes, [r["seconds"] * 1e3 for r in rs], style, marker="o", label=label)
             bx.plot(sizes, [r["bytes"] / r["seconds"] / 1e6 for r in rs], style, marker="o", label=label)
