@@ -329,3 +329,27 @@ def test_killed_rank_ends_every_other_rank(ranks, hosts, victim):
         assert re.search(rf"\brank {victim}\b", e["msg"]) and e["transport"] == "shm+tcp", report
     for h in hosts.names:
         assert hosts.shm_files(h) == [], f"{h}: {hosts.shm_files(h)} left in /dev/shm"
+
+
+# --- CYXWIZ_TRANSPORT=shm insists: hosts that cannot share are an error at init -------------------------
+
+INIT = r'''
+import json, sys
+import pycyxwiz as cx
+try:
+    cx.distributed.init()
+except Exception as e:
+    print("INIT_ERROR " + json.dumps({"cls": type(e).__name__, "msg": str(e)}), flush=True)
+    sys.exit(3)
+print("INIT_OK " + json.dumps({"transport": cx.distributed.get_config().transport}), flush=True)
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("layout", [(0, 0, 1), (0, 1)], ids=["uneven", "1per_host"])
+def test_shm_setting_raises_where_hosts_cannot_share(ranks, hosts, layout):
+    results = ranks.wait(start(ranks, hosts, INIT, {"CYXWIZ_TRANSPORT": "shm"}, layout=layout), timeout=30)
+    report = ranks.report(results)[-6000:]
+    assert all(r.rc == 3 for r in results), report
+    for r, e in enumerate(records(results, "INIT_ERROR")):
+        assert e["cls"] == "ValueError" and e["msg"].startswith(f"[rank {r}/{len(layout)}] init: CYXWIZ_TRANSPORT=shm"), report
