@@ -6,6 +6,7 @@ while ranks on one host share memory. Two network namespaces alone would still s
 IPC, and the ranks would take them for one host.
 
     with SimHosts(rate="1gbit") as hosts:               # hosts A (10.78.X.1) and B (10.78.X.2), one veth pair
+                                                        # (n=3 or more: each host's veth to a bridge)
         p = hosts.popen_on(hosts.names[0], [sys.executable, "x.py"], env)
         hosts.tx_bytes(hosts.names[0])                  # bytes host A sent over its link
         hosts.set_link("down")                          # the cable is cut (both ends)
@@ -49,18 +50,22 @@ def why_unavailable() -> str | None:
 
 
 class SimHosts:
-    """Two simulated hosts joined by a veth pair: names[i] has address addrs[i] (10.78.X.i+1/24)."""
+    """n simulated hosts: names[i] has address addrs[i] (10.78.X.i+1/24) on its veth veths[i]. Two are
+    joined by one veth pair; more each by a veth to a bridge in a switch namespace of their own."""
 
     def __init__(self, n: int = 2, rate: str | None = None):
-        if n != 2:
-            raise ValueError(f"SimHosts makes 2 hosts (one veth pair), not {n}")
+        if not 2 <= n <= 26:
+            raise ValueError(f"SimHosts makes 2..26 hosts, not {n}")
         k = next(_counter)
         tag = f"{os.getpid() % 100000}x{k}"
         self.dir = f"{RUN_DIR}/cxhosts.{tag}"
-        self.names = [f"cxh{tag}{c}" for c in "ab"]
-        self.veths = [f"cxv{tag}{c}"[:15] for c in "ab"]
+        letters = "abcdefghijklmnopqrstuvwxyz"[:n]
+        self.names = [f"cxh{tag}{c}" for c in letters]
+        self.veths = [f"cxv{tag}{c}"[:15] for c in letters]
+        self.switch = f"cxh{tag}sw" if n > 2 else None
+        self._ports = [f"cxp{tag}{c}"[:15] for c in letters]  # the switch's ends of the veths
         x = (os.getpid() + k) % 250 + 1  # not 10.77.X: test_multihost_netns.py's
-        self.addrs = [f"10.78.{x}.1", f"10.78.{x}.2"]
+        self.addrs = [f"10.78.{x}.{i + 1}" for i in range(n)]
         self.rate = rate
         self._netns: list[str] = []
         self._ns_files: list[str] = []
@@ -95,13 +100,20 @@ class SimHosts:
             if res.returncode != 0:
                 raise Unavailable(f"cannot create a network namespace here (ip netns add: {res.stderr.strip()})")
             self._netns.append(ns)
-        res = _run(["ip", "link", "add", self.veths[0], "type", "veth", "peer", "name", self.veths[1]], check=False)
-        if res.returncode != 0:
-            raise Unavailable(f"cannot create a veth pair here: {res.stderr.strip()}")
-        self._veth_in_root = True
-        for ns, dev, addr in zip(self.names, self.veths, self.addrs):
-            _run(["ip", "link", "set", dev, "netns", ns])
-        self._veth_in_root = False
+        if self.switch is None:
+            self._veth(self.veths[0], self.names[0], self.veths[1], self.names[1])
+        else:
+            _run(["ip", "netns", "add", self.switch])
+            self._netns.append(self.switch)
+            _run(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
+            _run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
+            for ns, dev, port in zip(self.names, self.veths, self._ports):
+                self._veth(dev, ns, port, self.switch)
+                _run(["ip", "-n", self.switch, "link", "set", port, "master", "br0"])
+                _run(["ip", "-n", self.switch, "link", "set", port, "up"])
+                if self.rate:  # what the switch sends to the host: the other direction of its cable
+                    _run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "add", "dev", port, "root", "tbf",
+                          "rate", self.rate, "burst", "256kb", "latency", "50ms"])
         for ns, dev, addr in zip(self.names, self.veths, self.addrs):
             _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev])
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
@@ -119,6 +131,16 @@ class SimHosts:
                         "sh", "-c", "mount -t tmpfs -o size=4g,mode=1777 cxshm /dev/shm"], check=False)
             if res.returncode != 0:
                 raise Unavailable(f"cannot make IPC and mount namespaces (unshare: {res.stderr.strip()})")
+
+    def _veth(self, a: str, ns_a: str, b: str, ns_b: str) -> None:
+        """A veth pair a <-> b, its ends moved into ns_a and ns_b."""
+        res = _run(["ip", "link", "add", a, "type", "veth", "peer", "name", b], check=False)
+        if res.returncode != 0:
+            raise Unavailable(f"cannot create a veth pair here: {res.stderr.strip()}")
+        self._veth_in_root = a
+        _run(["ip", "link", "set", a, "netns", ns_a])
+        _run(["ip", "link", "set", b, "netns", ns_b])
+        self._veth_in_root = False
 
     def cleanup(self) -> None:
         """Kills everything in the hosts, then removes namespaces, mounts and the folder; never raises."""
@@ -139,7 +161,7 @@ class SimHosts:
             _run(["ip", "netns", "del", ns], check=False)
         self._netns = []
         if self._veth_in_root:
-            _run(["ip", "link", "del", self.veths[0]], check=False)
+            _run(["ip", "link", "del", self._veth_in_root], check=False)
             self._veth_in_root = False
         if self._dir_mounted:
             _run(["umount", self.dir], check=False)
@@ -176,7 +198,7 @@ class SimHosts:
                                 start_new_session=True, **kw)
 
     def set_link(self, state: str, hosts: list[str] | None = None) -> None:
-        """Takes the veth ends of `hosts` (default: both, the cable) "down" or "up"."""
+        """Takes the veth ends of `hosts` (default: all of them) "down" or "up"."""
         for ns, dev in zip(self.names, self.veths):
             if hosts is None or ns in hosts:
                 _run(["ip", "-n", ns, "link", "set", dev, state])

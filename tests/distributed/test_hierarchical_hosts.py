@@ -167,6 +167,18 @@ def test_other_layouts(ranks, hosts, layout, expected):
     check_all_reduce(ranks, hosts, None, expected, layout, ["f32_avg", "i64_sum"], [0, 1, 5, 65537])
 
 
+# Three hosts through a bridge: the ring between hosts has distinct left and right counterparts
+# (with two hosts they are the same rank).
+@pytest.mark.timeout(60)
+def test_three_hosts_of_two_ranks(ranks):
+    h = hosts_or_skip(n=3)
+    try:
+        check_all_reduce(ranks, h, None, "shm+tcp", (0, 0, 1, 1, 2, 2), ["f32_avg", "i64_sum", "f32_max"],
+                         [0, 5, 1000, 65537])
+    finally:
+        h.cleanup()
+
+
 # --- DDP on 2 x 2 ends where one process ends -------------------------------------------------------
 
 DDP = PRELUDE + r'''
