@@ -4,7 +4,8 @@
 //      of its own, so that all L of a host's ranks drive the link at once);
 //   3. an all-gather inside each host.
 // Per host and direction the link carries 2(H-1)/H of the buffer, where a flat ring through every
-// rank carries 2(N-1)/N of it over each of its hops between hosts.
+// rank carries 2(N-1)/N of it over each of its hops between hosts. Up to `smallBytes` the local phase
+// is one all-reduce and every ring across hosts carries the whole buffer: one local round fewer.
 // The other collectives move little data in training and keep to the flat ring over every rank.
 #pragma once
 
@@ -16,8 +17,10 @@ class Hierarchical : public Collectives {
  public:
   // local: this host's ranks, by local index. across: this rank's counterparts on the other hosts.
   // flat: every rank of the job. worldSize: for Avg.
-  Hierarchical(Collectives& local, Collectives& across, Collectives& flat, int localSize, int localIndex, int worldSize)
-      : local_(local), across_(across), flat_(flat), localSize_(localSize), localIndex_(localIndex), worldSize_(worldSize) {}
+  Hierarchical(Collectives& local, Collectives& across, Collectives& flat, int localSize, int localIndex, int worldSize,
+               size_t smallBytes)
+      : local_(local), across_(across), flat_(flat), localSize_(localSize), localIndex_(localIndex), worldSize_(worldSize),
+        smallBytes_(smallBytes) {}
 
   void allReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
   void broadcast(void* data, size_t bytes, int root) override { flat_.broadcast(data, bytes, root); }
@@ -38,6 +41,7 @@ class Hierarchical : public Collectives {
   Collectives& across_;
   Collectives& flat_;
   int localSize_, localIndex_, worldSize_;
+  size_t smallBytes_;
 };
 
 }  // namespace cyxwiz::comm

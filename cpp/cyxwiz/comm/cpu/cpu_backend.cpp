@@ -232,7 +232,8 @@ void CpuBackend::execute(Task& task, bool onCaller) {
         Duplex acrossIo(&hostLeft_, &hostRight_, monitor_.get(), deadline, config_.timeoutMs, *task.work, spin,
                         interrupted, &finalizing_);
         Ring across(host_, hosts_, acrossIo, scratch_, task.call, &hostLeft_, &hostRight_, nullptr, slice);
-        Hierarchical hierarchical(local, across, ring, shm_->size(), shm_->me(), config_.worldSize);
+        Hierarchical hierarchical(local, across, ring, shm_->size(), shm_->me(), config_.worldSize,
+                                  shm::ShmCollectives::kSmallBytes);
         task.body(hierarchical);
       }
     }
