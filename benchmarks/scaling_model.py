@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -132,6 +133,7 @@ def measure_link(args):
                 except (ProcessLookupError, ValueError):
                     pass
             sh("ip", "netns", "del", n, check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
         left = sh("ip", "netns", "list").stdout
         print("ip netns list after cleanup:", repr(left), file=sys.stderr)
     with open(args.out, "w") as f:
