@@ -20,8 +20,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 RES = os.path.join(HERE, "results")
 KiB, MiB = 1024, 1024 * 1024
-# Engine constants (cpp/cyxwiz/comm): TCP ring slice, TCP small-message limit, shm small limit and chunk.
-SLICE, TCP_SMALL, SHM_SMALL, SHM_HALF = 1 * MiB, 64 * KiB, 32 * KiB, 256 * KiB
+# Engine constants (cpp/cyxwiz/comm): TCP ring slice and its least step, TCP small-message limit, shm small
+# limit and chunk.
+SLICE, MIN_STEP, TCP_SMALL, SHM_SMALL, SHM_HALF = 1 * MiB, 64 * KiB, 64 * KiB, 32 * KiB, 256 * KiB
 CORES = 2  # the development VM
 BUCKETS = [163880, 67125248, 12861440]  # the 20M MLP's DDP buckets, reduction order (train_throughput_2core)
 LAYER_BWD_FLOP = [2 * 2 * 64 * 4096 * 10, 2 * 2 * 64 * 4096 * 4096, 2 * 64 * 784 * 4096]  # per bucket, same order
@@ -172,9 +173,14 @@ def ceil_div(s, k):
     return max(1, -(-int(s) // k))
 
 
-def ring_terms(p, s, slice_=SLICE):
+def engine_slice(p):
+    """Ring::allReduce: 1 MiB slices, grown so that a step moves at least 64 KiB (p > 16)."""
+    return max(SLICE, p * MIN_STEP)
+
+
+def ring_terms(p, s, slice_=None):
     """pycyxwiz ring: per slice 2p-3 steps (last reduce-scatter step merged with the first all-gather)."""
-    return ceil_div(s, slice_) * (2 * p - 3), 2 * (p - 1) / p * s
+    return ceil_div(s, slice_ or engine_slice(p)) * (2 * p - 3), 2 * (p - 1) / p * s
 
 
 def rd_terms(p, s):
@@ -226,7 +232,7 @@ def fit_link(lk):
 
 # Multi-host: H hosts x L ranks, one NIC per host. P = dict of fitted parameters.
 
-def t_flat_ring(H, L, s, link_b, P, alpha, slice_=SLICE):
+def t_flat_ring(H, L, s, link_b, P, alpha, slice_=None):
     # each step waits for its slowest hop: between hosts or in one (loopback TCP)
     na, nb = ring_terms(H * L, s, slice_)
     return na * max(alpha, P["a_tcp"]) + nb * max(link_b, P["b_tcp"])
@@ -237,8 +243,8 @@ def t_flat_rd(H, L, s, link_b, P, alpha):
     return intra * (P["a_tcp"] + s * P["b_tcp"]) + inter * (alpha + s * max(L * link_b, P["b_tcp"]))
 
 
-def t_hier(H, L, s, link_b, P, alpha, rd_across=False):
-    """As built on the h-hier branch (f0f8f98). Up to 32 KiB: one local shm all-reduce, then every
+def t_hier(H, L, s, link_b, P, alpha, rd_across=True):
+    """As built (rd_across: the counterpart rings have butterfly links, 4, 8, ... hosts). Up to 32 KiB: one local shm all-reduce, then every
     counterpart ring reduces the whole buffer. Above: shm reduce-scatter (a round per 256 KiB window)
     and all-gather (a round per 256 KiB of a part), 2(L-1)/L S per rank, around the rings on S/L."""
     if s <= SHM_SMALL:
@@ -247,7 +253,7 @@ def t_hier(H, L, s, link_b, P, alpha, rd_across=False):
     else:
         local = (ceil_div(s, SHM_HALF) + ceil_div(s / L, SHM_HALF)) * P["a_shm"] + 2 * (L - 1) / L * s * P["b_shm"]
         part = s / L
-    ca, cb = tcp_terms(H, part, rd=rd_across)  # L counterpart rings (no partners) share one NIC: L x link beta
+    ca, cb = tcp_terms(H, part, rd=rd_across)  # L counterpart rings share one NIC: L x link beta
     return local + ca * alpha + cb * max(L * link_b, P["b_tcp"])
 
 
@@ -391,13 +397,16 @@ def report(args):
             for alpha in (P["a_link"], dc_alpha):
                 a = (H, 8, grads, link_rate[g], P, alpha)
                 b = (H, 8, 4 * KiB, link_rate[g], P, alpha)
-                rows.append([H, g, f"{alpha * 1e6:.0f}", ms(t_flat_ring(*a)), ms(t_flat_ring(*a, slice_=1 << 30)),
-                             ms(t_hier(*b)), ms(t_hier(*b, rd_across=True)), ms(t_flat_rd(*b))])
-    pr("\nWhat-ifs (model, ms). The ring at 80.2 MB with its 1 MiB slices (each a whole ring of 2p-3 steps) and "
-       "with one slice (`CYXWIZ_RING_SLICE_BYTES=1073741824`); hierarchical at 4 KiB as built (counterpart rings "
-       "without recursive-doubling partners) and with recursive doubling across hosts:\n")
-    pr(md(["hosts", "Gbit/s", "alpha us", "ring 80.2 MB, 1 MiB slices", "ring 80.2 MB, one slice",
-           "hier. 4 KiB, as built", "hier. 4 KiB, RD across", "flat RD 4 KiB"], rows))
+                rows.append([H, g, f"{alpha * 1e6:.0f}", ms(t_flat_ring(*a, slice_=SLICE)), ms(t_flat_ring(*a)),
+                             ms(t_flat_ring(*a, slice_=1 << 30)), ms(t_hier(*b, rd_across=False)), ms(t_hier(*b)),
+                             ms(t_flat_rd(*b))])
+    pr("\nWhat the model said before two changes it led to (model, ms). The ring at 80.2 MB with fixed 1 MiB slices "
+       "(each a whole ring of 2p-3 steps; before), with slices grown to p x 64 KiB (as built) and with one slice "
+       "(`CYXWIZ_RING_SLICE_BYTES=1073741824`); hierarchical at 4 KiB with counterpart rings without "
+       "recursive-doubling links (before) and with them (as built):\n")
+    pr(md(["hosts", "Gbit/s", "alpha us", "ring 80.2 MB, 1 MiB slices (before)", "ring 80.2 MB, as built",
+           "ring 80.2 MB, one slice", "hier. 4 KiB, no RD across (before)", "hier. 4 KiB, as built",
+           "flat RD 4 KiB"], rows))
     pr(sensitivity(shm, tcp, P, link_rate))
     pr(ddp_tables(P, tt, ttcp, link_rate, dc_alpha, args))
     if args.plot:
