@@ -167,14 +167,16 @@ def test_other_layouts(ranks, hosts, layout, expected):
     check_all_reduce(ranks, hosts, None, expected, layout, ["f32_avg", "i64_sum"], [0, 1, 5, 65537])
 
 
-# Three hosts through a bridge: the ring between hosts has distinct left and right counterparts
-# (with two hosts they are the same rank).
-@pytest.mark.timeout(60)
-def test_three_hosts_of_two_ranks(ranks):
-    h = hosts_or_skip(n=3)
+# Hosts through a bridge. Three: the ring between hosts has distinct left and right counterparts
+# (with two hosts they are the same rank). Four: its small all-reduces take recursive doubling over
+# the counterparts' butterfly links (host h XOR 2).
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [3, 4])
+def test_more_hosts_of_two_ranks(ranks, n):
+    h = hosts_or_skip(n=n)
     try:
-        check_all_reduce(ranks, h, None, "shm+tcp", (0, 0, 1, 1, 2, 2), ["f32_avg", "i64_sum", "f32_max"],
-                         [0, 5, 1000, 65537])
+        check_all_reduce(ranks, h, None, "shm+tcp", tuple(r // 2 for r in range(2 * n)),
+                         ["f32_avg", "i64_sum", "f32_max"], [0, 5, 1000, 20000, 65537])
     finally:
         h.cleanup()
 

@@ -16,6 +16,7 @@
 namespace cyxwiz::comm::cpu {
 
 // The TCP transport (comm/tcp/): rendezvous, ring links, the monitor, the ring algorithms.
+using tcp::butterflyPartners;
 using tcp::connectRing;
 using tcp::Duplex;
 using tcp::firstExternalIp;
@@ -115,6 +116,7 @@ CpuBackend::CpuBackend(const DistributedConfig& config, const std::function<void
         if (hosts.hierarchical() && hosts.transport != "tcp") {
           ring.left = hosts.at((hosts.host + hosts.count() - 1) % hosts.count(), hosts.local);
           ring.right = hosts.at((hosts.host + 1) % hosts.count(), hosts.local);
+          for (int h : butterflyPartners(hosts.host, hosts.count())) ring.partners.push_back(hosts.at(h, hosts.local));
         }
         return ring;
       };
@@ -124,6 +126,7 @@ CpuBackend::CpuBackend(const DistributedConfig& config, const std::function<void
       partners_ = std::move(links.partners);
       hostLeft_ = std::move(links.hostLeft);
       hostRight_ = std::move(links.hostRight);
+      hostPartners_ = std::move(links.hostPartners);
       std::vector<std::string> addresses = links.addresses;
       p2p_ = std::make_unique<PointToPoint>(config_, std::move(links.gate), std::move(links.addresses));
       for (Pair* p : allLinks()) p->socket.setLiveness(config.timeoutMs);
@@ -134,6 +137,7 @@ CpuBackend::CpuBackend(const DistributedConfig& config, const std::function<void
       if (!shm_) {
         hostLeft_.socket.close();  // unused: every collective takes the flat ring
         hostRight_.socket.close();
+        hostPartners_.clear();
       }
       config_.transport = !shm_ ? "tcp" : hosts_ > 1 ? "shm+tcp" : "shm";
       if (!shm_ && config_.rank == 0) logDebug(makeString("init: transport tcp: ", whyNot));
@@ -231,7 +235,7 @@ void CpuBackend::execute(Task& task, bool onCaller) {
                                   &finalizing_);
         Duplex acrossIo(&hostLeft_, &hostRight_, monitor_.get(), deadline, config_.timeoutMs, *task.work, spin,
                         interrupted, &finalizing_);
-        Ring across(host_, hosts_, acrossIo, scratch_, task.call, &hostLeft_, &hostRight_, nullptr, slice);
+        Ring across(host_, hosts_, acrossIo, scratch_, task.call, &hostLeft_, &hostRight_, &hostPartners_, slice);
         Hierarchical hierarchical(local, across, ring, shm_->size(), shm_->me(), config_.worldSize,
                                   shm::ShmCollectives::kSmallBytes);
         task.body(hierarchical);
@@ -321,6 +325,7 @@ void CpuBackend::shutdown() {
 std::vector<Pair*> CpuBackend::allLinks() {
   std::vector<Pair*> all{&left_, &right_, &hostLeft_, &hostRight_};
   for (Pair& p : partners_) all.push_back(&p);
+  for (Pair& p : hostPartners_) all.push_back(&p);
   return all;
 }
 

@@ -92,6 +92,7 @@ class CpuBackend final : public Backend {
   // Several hosts (shm_ holds this host's ranks): the ring of this rank's counterparts on the
   // other hosts, and this rank's host on it.
   tcp::Pair hostLeft_, hostRight_;
+  std::vector<tcp::Pair> hostPartners_;  // its recursive-doubling links there (4, 8, ... hosts)
   int host_ = 0, hosts_ = 1;
   std::unique_ptr<tcp::PointToPoint> p2p_;  // send/recv; absent in a world of one
   std::atomic<uint64_t> p2pSequence_{0};

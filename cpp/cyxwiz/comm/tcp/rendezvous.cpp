@@ -175,6 +175,7 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
   for (int p : butterflyPartners(rank, n)) (p > rank ? dial.push_back({p, false}) : (void)accept.insert({p, false}));
   if (hostRing.right >= 0) dial.push_back({hostRing.right, true});
   if (hostRing.left >= 0) accept.insert({hostRing.left, true});
+  for (int p : hostRing.partners) (p > rank ? dial.push_back({p, true}) : (void)accept.insert({p, true}));
   wire::Hello hello;
   hello.channel = wire::Channel::Ring;
   hello.jobHash = wire::hashJobId(config.jobId);
@@ -207,8 +208,14 @@ RingLinks connectRing(const DistributedConfig& config, Store& store, const std::
       links.partners.push_back(std::move(accepted[{p, false}]));
     }
   }
-  if (hostRing.right >= 0) links.hostRight = std::move(dialed.back().pair);
+  auto dialedTo = [&](const LinkKey& key) -> Pair& {
+    return dialed[static_cast<size_t>(std::find(dial.begin(), dial.end(), key) - dial.begin())].pair;
+  };
+  if (hostRing.right >= 0) links.hostRight = std::move(dialedTo({hostRing.right, true}));
   if (hostRing.left >= 0) links.hostLeft = std::move(accepted[{hostRing.left, true}]);
+  for (int p : hostRing.partners) {
+    links.hostPartners.push_back(p > rank ? std::move(dialedTo({p, true})) : std::move(accepted[{p, true}]));
+  }
   return links;
 }
 

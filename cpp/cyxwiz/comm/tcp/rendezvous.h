@@ -26,6 +26,7 @@ struct RingLinks {
   // The ring between hosts of the ranks with this rank's local index (hierarchical all-reduce):
   // accepted from the previous host's counterpart, dialed to the next one's; empty when not asked.
   Pair hostLeft, hostRight;
+  std::vector<Pair> hostPartners;  // as HostRing::partners
   // This rank's ring port, still open: point-to-point senders dial it after init (p2p.h).
   std::unique_ptr<HelloGate> gate;
   std::vector<std::string> addresses;  // every rank's published "ip:port", by rank
@@ -34,9 +35,11 @@ struct RingLinks {
 // Rank r XOR 2^k for k >= 1, in order; empty unless worldSize is a power of two >= 4.
 std::vector<int> butterflyPartners(int rank, int worldSize);
 
-// The ranks of this rank's ring between hosts, or -1 when there is none.
+// The ranks of this rank's ring between hosts, or -1 when there is none; with 4, 8, ... hosts also
+// its butterfly partners there (the counterparts on host h XOR 2, h XOR 4, ...), in that order.
 struct HostRing {
   int left = -1, right = -1;
+  std::vector<int> partners;
 };
 
 // `localIp`: the address other ranks can reach this one on (the interface that reaches rank 0).

@@ -113,8 +113,11 @@ void Ring::allReduce(void* data, size_t count, DType dtype, ReduceOp op) {
     return;
   }
   noteAlgorithm(kRing, count, dtype, size_);
-  // Slices small enough that what a step sends, receives and reduces stays in cache.
-  const size_t slice = std::max<size_t>(sliceBytes_ / esz, static_cast<size_t>(size_));
+  // Slices small enough that what a step sends, receives and reduces stays in cache, but each step
+  // at least 64 KiB: every slice is a whole ring of 2N-3 steps, each paying the link's latency
+  // (docs/scaling.md: 1 MiB slices at 512 ranks would be 2 KiB steps).
+  const size_t slice = std::max<size_t>(std::max(sliceBytes_, kMinStepBytes * static_cast<size_t>(size_)) / esz,
+                                        static_cast<size_t>(size_));
   scratch_.resize(partBegin(std::min(count, slice), size_, 1) * esz);  // the largest chunk
   for (size_t at = 0; at < count; at += slice) ringAllReduce(d + at * esz, std::min(slice, count - at), dtype, op);
 }

@@ -27,6 +27,8 @@ class Ring : public Collectives {
  public:
   // Messages at most this large (times N-1) take the small path.
   static constexpr size_t kSmallBytes = 64 * 1024;
+  // The large all-reduce's slices grow with the world so that a step moves at least this much.
+  static constexpr size_t kMinStepBytes = 64 * 1024;
 
   // partners[k-1]: the link to rank r XOR 2^k (k >= 1), present in power-of-two worlds of 4+.
   // sliceBytes: the large all-reduce's slice (DistributedConfig::ringSliceBytes).
