@@ -1,22 +1,11 @@
 #include "cyxwiz/comm/tcp/wire.h"
 
+#include "cyxwiz/comm/record.h"
+
 namespace cyxwiz::comm::tcp::wire {
 
-namespace {
-
-template <typename T>
-void put(uint8_t* out, size_t at, T v) {
-  std::memcpy(out + at, &v, sizeof v);
-}
-
-template <typename T>
-T get(const uint8_t* in, size_t at) {
-  T v;
-  std::memcpy(&v, in + at, sizeof v);
-  return v;
-}
-
-}  // namespace
+using record::get;
+using record::put;
 
 const char* channelName(Channel c) {
   switch (c) {
