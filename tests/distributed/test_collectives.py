@@ -232,6 +232,33 @@ done()
 '''
 
 
+AVG_BITS = PRELUDE + r'''
+dist.init()
+rng = np.random.default_rng(5)
+for dtype in ("float32", "float64"):
+    info = np.finfo(dtype)
+    # Subnormals, ordinary values and values near the top, on every rank the same magnitudes.
+    scale = np.array([info.smallest_subnormal * 7, 1.0, info.max / 8], dtype)[rng.integers(0, 3, 50001)]
+    xs = [(np.random.default_rng([r, 5]).standard_normal(50001) * scale).astype(dtype) for r in range(WS)]
+    x = xs[RANK].copy()
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    total = xs[0].copy()
+    for r in range(1, WS):
+        total = total + xs[r]  # rank order: shared memory reduces so, and 2 ranks have one order
+    want = total / np.asarray(WS, dtype)
+    expect(np.array_equal(x.view(np.uint8), want.view(np.uint8)), f"AVG {dtype}: not bit for bit the sum divided by {WS}")
+done()
+'''
+
+
+@pytest.mark.parametrize("world_size, transport", [(2, "shm"), (2, "tcp"), (4, "shm")])
+def test_average_by_a_power_of_two_is_the_divided_sum(ranks, world_size, transport):
+    """AVG over 2 or 4 ranks multiplies by 1/N (a power of two): the same bits as numpy dividing the
+    sum, subnormal and huge values included (2 ranks on either transport, 4 on shared memory: sums in
+    rank order)."""
+    outputs(ranks, ranks.run(AVG_BITS, world_size, env={"CYXWIZ_TRANSPORT": transport}), world_size)
+
+
 def test_all_reduce_in_many_small_ring_slices(ranks):
     """CYXWIZ_RING_SLICE_BYTES=4096: dozens of slices per call, a partial slice at the end."""
     results = ranks.run(SMALL_SLICES, 3, env={"CYXWIZ_RING_SLICE_BYTES": "4096"})
