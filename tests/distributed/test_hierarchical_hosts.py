@@ -367,3 +367,37 @@ def test_shm_setting_raises_where_hosts_cannot_share(ranks, hosts, layout):
     assert all(r.rc == 3 for r in results), report
     for r, e in enumerate(records(results, "INIT_ERROR")):
         assert e["cls"] == "ValueError" and e["msg"].startswith(f"[rank {r}/{len(layout)}] init: CYXWIZ_TRANSPORT=shm"), report
+
+
+# --- the ring between hosts times its own waits --------------------------------------------------
+
+LATE = r'''
+import json, time
+import numpy as np
+import pycyxwiz as cx
+D = cx.distributed
+D.init()
+r = D.get_rank()
+D.barrier()
+# Rank 1 keeps rank 0 in the shared-memory phase for 0.7 timeouts; host B comes 1.2 timeouts late.
+# No rank then waits for another for a whole timeout, so the call must succeed.
+time.sleep({1: 0.7, 2: 1.2, 3: 1.2}.get(r, 0.0) * TIMEOUT_S)
+x = np.full(1 << 18, r + 1, np.float32)
+t = time.monotonic()
+D.all_reduce(x)
+print("RESULT " + json.dumps({"rank": r, "ok": bool((x == 10).all()), "s": time.monotonic() - t}), flush=True)
+D.finalize()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_ring_between_hosts_counts_its_timeout_from_its_first_wait(ranks, hosts):
+    """Rank 0 spends 0.7 timeouts in the shared-memory phase, then waits 0.5 timeouts for host B: the
+    ring between hosts must not count the first 0.7 against its own wait (its first send, the call
+    header, restarts its clock: tcp/duplex.h)."""
+    timeout_ms = 3000
+    code = LATE.replace("TIMEOUT_S", str(timeout_ms / 1000))
+    results = ranks.wait(start(ranks, hosts, code, {"DISTRIBUTED_TIMEOUT_MS": str(timeout_ms)}), timeout=45)
+    report = ranks.report(results)[-6000:]
+    assert all(r.rc == 0 for r in results), report
+    assert all(rep["ok"] for rep in records(results, "RESULT")), report
