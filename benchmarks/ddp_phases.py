@@ -23,15 +23,7 @@ os.environ.setdefault("CYXWIZ_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 import pycyxwiz as cx  # noqa: E402
-
-
-def build(sizes):
-    m = cx.SequentialModel()
-    for i in range(len(sizes) - 1):
-        m.add(cx.LinearModule(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            m.add(cx.ReLUModule())
-    return m
+from train_step import build_cx  # noqa: E402 - the MLP, its loss and Adam, as the other benchmarks build them
 
 
 def rank_main(local_rank, sizes, steps, rounds):
@@ -41,9 +33,9 @@ def rank_main(local_rank, sizes, steps, rounds):
     rng = np.random.default_rng(r)
     X = rng.standard_normal((64, sizes[0])).astype(np.float32)
     y = rng.integers(0, sizes[-1], 64)
-    loss = cx.CrossEntropyLoss()
-    plain, opt_plain = build(sizes), cx.AdamOptimizer(1e-3)
-    ddp, opt_ddp = D.DistributedDataParallel(build(sizes)), cx.AdamOptimizer(1e-3)
+    plain, loss, opt_plain = build_cx(sizes)
+    replica, _, opt_ddp = build_cx(sizes)
+    ddp = D.DistributedDataParallel(replica)
 
     def ddp_step():
         t0 = time.perf_counter()
