@@ -328,6 +328,20 @@ def test_mismatched_collectives_raise_on_every_rank(watch, case):
     assert seen, f"no rank says 'mismatch':\n{report}"
 
 
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_mismatch_names_the_rank_whose_header_differed(watch, transport):
+    # 4 ranks, small all_reduce: over TCP recursive doubling, whose first step pairs rank 0 with
+    # rank 1 (not with its left neighbour, rank 3); through shared memory one round of all four.
+    calls = {r: [f"ar({X})"] for r in range(4)}
+    calls[1] = ["ar(np.ones(11, np.float32))"]
+    rank_env = {r: {"CALLS": json.dumps(calls[r]), "CYXWIZ_TRANSPORT": transport} for r in range(4)}
+    procs = watch.start(MISMATCH_CODE, 4, rank_env=rank_env)
+    watch.finish(procs, timeout=40)
+    report = watch.report(procs)
+    _, e = procs[0].record("ERROR")
+    assert "mismatch with rank 1, which called all_reduce" in e["msg"], report
+
+
 # -------------------------------------------------------------- a rank leaves while others work
 
 LEAVE_CODE = r'''

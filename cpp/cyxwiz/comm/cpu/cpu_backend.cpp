@@ -7,25 +7,23 @@
 #include "cyxwiz/comm/reduce.h"
 #include "cyxwiz/comm/shm/shm_collectives.h"
 #include "cyxwiz/comm/shm/topology.h"
-#include "cyxwiz/comm/tcp/duplex.h"
+#include "cyxwiz/comm/ring.h"
+#include "cyxwiz/comm/tcp/links.h"
 #include "cyxwiz/comm/tcp/rendezvous.h"
-#include "cyxwiz/comm/tcp/ring.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
 namespace cyxwiz::comm::cpu {
 
-// The TCP transport (comm/tcp/): rendezvous, ring links, the monitor, the ring algorithms.
+// The TCP transport (comm/tcp/): rendezvous, ring links, the monitor, the store.
 using tcp::butterflyPartners;
 using tcp::connectRing;
-using tcp::Duplex;
 using tcp::firstExternalIp;
 using tcp::HostRing;
 using tcp::isLoopbackAddress;
 using tcp::Monitor;
 using tcp::Pair;
 using tcp::PointToPoint;
-using tcp::Ring;
 using tcp::RingLinks;
 using tcp::StoreServer;
 using tcp::TcpStore;
@@ -226,16 +224,17 @@ void CpuBackend::execute(Task& task, bool onCaller) {
                                 &finalizing_);
       task.body(local);
     } else {
-      Duplex io(&left_, &right_, monitor_.get(), deadline, config_.timeoutMs, *task.work, spin, interrupted, &finalizing_);
-      Ring ring(config_.rank, config_.worldSize, io, scratch_, task.call, &left_, &right_, &partners_, slice);
+      tcp::Links links(config_.rank, config_.worldSize, &left_, &right_, &partners_, monitor_.get(), deadline,
+                       config_.timeoutMs, *task.work, spin, interrupted, &finalizing_);
+      Ring ring(links, scratch_, task.call, slice);
       if (!shm_) {
         task.body(ring);
       } else {
         shm::ShmCollectives local(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted,
                                   &finalizing_);
-        Duplex acrossIo(&hostLeft_, &hostRight_, monitor_.get(), deadline, config_.timeoutMs, *task.work, spin,
-                        interrupted, &finalizing_);
-        Ring across(host_, hosts_, acrossIo, scratch_, task.call, &hostLeft_, &hostRight_, &hostPartners_, slice);
+        tcp::Links acrossLinks(host_, hosts_, &hostLeft_, &hostRight_, &hostPartners_, monitor_.get(), deadline,
+                               config_.timeoutMs, *task.work, spin, interrupted, &finalizing_);
+        Ring across(acrossLinks, scratch_, task.call, slice);
         Hierarchical hierarchical(local, across, ring, shm_->size(), shm_->me(), config_.worldSize,
                                   shm::ShmCollectives::kSmallBytes);
         task.body(hierarchical);

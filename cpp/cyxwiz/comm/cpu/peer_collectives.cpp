@@ -9,7 +9,6 @@
 #include <numeric>
 
 #include "cyxwiz/comm/cpu/cpu_backend.h"
-#include "cyxwiz/comm/tcp/ring.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 

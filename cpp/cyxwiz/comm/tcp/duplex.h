@@ -1,5 +1,4 @@
-// Duplex: one step of a ring algorithm. Bytes go to the right neighbour while bytes come from the
-// left one, both sockets non-blocking under one poll(), so a rank never waits to send before it
+// Duplex: one step (links.h) over TCP. Bytes go to one peer while bytes come from another, both sockets non-blocking under one poll(), so a rank never waits to send before it
 // receives (which would deadlock a ring of full socket buffers). Received bytes are handed on in
 // segments as they arrive, so reducing overlaps the rest of the transfer.
 //
@@ -8,40 +7,16 @@
 // has moved either way for timeoutMs, however long it has been running while bytes kept moving.
 #pragma once
 
-#include <sys/uio.h>
-
 #include <atomic>
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "cyxwiz/comm/links.h"
 #include "cyxwiz/comm/tcp/monitor.h"
 #include "cyxwiz/comm/tcp/pair.h"
 #include "cyxwiz/comm/work.h"
 
 namespace cyxwiz::comm::tcp {
-
-struct Step {
-  std::vector<iovec> send;  // to the right neighbour, in order
-  std::vector<iovec> recv;  // from the left neighbour, in order
-  // The first recvHeaderBytes of recv go to onHeader as soon as they are complete.
-  size_t recvHeaderBytes = 0;
-  std::function<void()> onHeader;
-  // Payload bytes [begin, end) (offsets after the header) are complete; ranges are whole units.
-  std::function<void(size_t begin, size_t end)> onReceived;
-  size_t unit = 1;
-  size_t grain = 256 * 1024;
-  // onReceived also runs as soon as this much payload is in, however little is new: what is sent
-  // next may wait on it (sendAvailable), and the peer may be waiting on that in turn.
-  size_t flushAt = 0;
-  // Relay (broadcast chain): the payload sent is the payload received, so sending may only run
-  // sendHeaderBytes + (payload received so far) ahead.
-  bool relay = false;
-  size_t sendHeaderBytes = 0;
-  // Otherwise, when set: how much of the payload after the send header may go, given how much
-  // received payload onReceived has processed (a segment goes out as soon as it is reduced).
-  std::function<size_t(size_t handedOn)> sendAvailable;
-};
 
 class Duplex {
  public:

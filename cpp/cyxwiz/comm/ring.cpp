@@ -1,4 +1,4 @@
-#include "cyxwiz/comm/tcp/ring.h"
+#include "cyxwiz/comm/ring.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,7 +9,7 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
-namespace cyxwiz::comm::tcp {
+namespace cyxwiz::comm {
 
 namespace {
 
@@ -29,42 +29,50 @@ void noteAlgorithm(Algorithm a, size_t count, DType dtype, int ranks) {
 
 }  // namespace
 
-Ring::Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const CallSignature& call, Pair* left,
-           Pair* right, std::vector<Pair>* partners, size_t sliceBytes)
-    : rank_(rank), size_(size), io_(io), scratch_(scratch), call_(call), left_(left), right_(right), partners_(partners),
-      sliceBytes_(sliceBytes) {
+Ring::Ring(Links& links, std::vector<uint8_t>& scratch, const CallSignature& call, size_t sliceBytes)
+    : links_(links), rank_(links.me()), size_(links.size()), scratch_(scratch), call_(call), sliceBytes_(sliceBytes) {
   encodeCall(call_, myHeader_);
 }
 
-void Ring::checkLeftHeader() {
-  CallSignature left;
-  int from = left_ != nullptr ? left_->rank : mod(rank_ - 1);
-  if (!decodeCall(leftHeader_, &left)) {
-    throw BackendError(makeString(io_.what(), ": rank ", from, " sent bytes that are not a collective header: "
+bool Ring::canDouble() const {
+  if (size_ < 4 || (size_ & (size_ - 1)) != 0) return false;
+  for (int distance = 2; distance < size_; distance *= 2) {
+    if (!links_.linked(rank_ ^ distance)) return false;
+  }
+  return true;
+}
+
+void Ring::checkHeader(int from) {
+  CallSignature theirs;
+  const int rank = links_.rank(from);
+  if (!decodeCall(theirHeader_, &theirs)) {
+    throw BackendError(makeString(links_.what(), ": rank ", rank, " sent bytes that are not a collective header: "
                                   "the ranks are out of step (mixed pycyxwiz versions?)"));
   }
-  if (left != call_) {
-    throw BackendError(makeString(io_.what(), ": mismatch with rank ", from, ", which called ", left.describe(),
+  if (theirs != call_) {
+    throw BackendError(makeString(links_.what(), ": mismatch with rank ", rank, ", which called ", theirs.describe(),
                                   ": every rank must call the same collectives in the same order, with the same "
                                   "dtype, element count and op"));
   }
 }
 
-void Ring::step(std::vector<iovec> send, std::vector<iovec> recv, Step&& extra) {
+void Ring::step(std::vector<iovec> send, std::vector<iovec> recv, Step&& extra, int from, int to) {
   Step s = std::move(extra);
+  if (from < 0) from = mod(rank_ - 1);
+  if (to < 0) to = mod(rank_ + 1);
   if (!headerSent_) {
-    // Every rank sends one header to the right and receives one from the left in its first step,
-    // even without a payload in that direction.
+    // Every rank sends one header and receives one in its first step, even without a payload in
+    // that direction.
     headerSent_ = true;
     send.insert(send.begin(), span(myHeader_, sizeof myHeader_));
     s.sendHeaderBytes = sizeof myHeader_;
-    recv.insert(recv.begin(), span(leftHeader_, sizeof leftHeader_));
-    s.recvHeaderBytes = sizeof leftHeader_;
-    s.onHeader = [this] { checkLeftHeader(); };
+    recv.insert(recv.begin(), span(theirHeader_, sizeof theirHeader_));
+    s.recvHeaderBytes = sizeof theirHeader_;
+    s.onHeader = [this, from] { checkHeader(from); };
   }
   s.send = std::move(send);
   s.recv = std::move(recv);
-  io_.run(s);
+  links_.run(s, from, to);
 }
 
 void Ring::gatherBlocks(uint8_t* blocks, size_t b) {
@@ -97,7 +105,7 @@ void Ring::allReduce(void* data, size_t count, DType dtype, ReduceOp op) {
   if (size_ == 1) return;
   const size_t esz = itemSize(dtype), bytes = count * esz;
   auto* d = static_cast<uint8_t*>(data);
-  if (bytes <= kSmallBytes && partners_ != nullptr && !partners_->empty()) {
+  if (bytes <= kSmallBytes && canDouble()) {
     noteAlgorithm(kRecursiveDoubling, count, dtype, size_);
     return recursiveDoubling(d, count, dtype, op);
   }
@@ -198,19 +206,15 @@ void Ring::recursiveDoubling(uint8_t* d, size_t count, DType dtype, ReduceOp op)
   scratch_.resize(2 * bytes);
   uint8_t* theirs = scratch_.data();
   uint8_t* combined = scratch_.data() + bytes;
-  for (int distance = 1, k = 0; distance < size_; distance *= 2, ++k) {
-    int partner = rank_ ^ distance;
-    // Distance 1 is a ring neighbour; the others have their own links.
-    Pair* link = distance == 1 ? (partner == mod(rank_ + 1) ? right_ : left_) : &(*partners_)[static_cast<size_t>(k - 1)];
-    io_.use(link, link);
-    step({span(d, bytes)}, {span(theirs, bytes)});
+  for (int distance = 1; distance < size_; distance *= 2) {
+    const int partner = rank_ ^ distance;
+    step({span(d, bytes)}, {span(theirs, bytes)}, Step(), partner, partner);
     const uint8_t* low = rank_ < partner ? d : theirs;
     const uint8_t* high = rank_ < partner ? theirs : d;
     std::memcpy(combined, low, bytes);
     reduceInto(combined, high, count, dtype, op);
     std::memcpy(d, combined, bytes);
   }
-  io_.use(left_, right_);
   if (op == ReduceOp::Avg) finishAverage(d, count, dtype, size_);
 }
 
@@ -246,4 +250,4 @@ void Ring::checkCalls() {
   if (size_ > 1) step({}, {});
 }
 
-}  // namespace cyxwiz::comm::tcp
+}  // namespace cyxwiz::comm

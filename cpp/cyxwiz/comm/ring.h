@@ -11,6 +11,9 @@
 // The first step of every collective carries this rank's CallHeader; a rank compares the header
 // from its left with its own call and raises on any difference (size, dtype, op, order), so ranks
 // that disagree get an error, never wrong numbers.
+//
+// The ring knows its peers only as members of `Links` (links.h): the same algorithm runs over TCP
+// (tcp/links.h) and through shared memory (shm/links.h).
 #pragma once
 
 #include <cstdint>
@@ -18,10 +21,10 @@
 
 #include "cyxwiz/comm/call_header.h"
 #include "cyxwiz/comm/collectives.h"
-#include "cyxwiz/comm/tcp/duplex.h"
+#include "cyxwiz/comm/links.h"
 #include "cyxwiz/comm/types.h"
 
-namespace cyxwiz::comm::tcp {
+namespace cyxwiz::comm {
 
 class Ring : public Collectives {
  public:
@@ -30,11 +33,10 @@ class Ring : public Collectives {
   // The large all-reduce's slices grow with the world so that a step moves at least this much.
   static constexpr size_t kMinStepBytes = 64 * 1024;
 
-  // partners[k-1]: the link to rank r XOR 2^k (k >= 1), present in power-of-two worlds of 4+.
-  // sliceBytes: the large all-reduce's slice (DistributedConfig::ringSliceBytes).
-  Ring(int rank, int size, Duplex& io, std::vector<uint8_t>& scratch, const CallSignature& call,
-       Pair* left = nullptr, Pair* right = nullptr, std::vector<Pair>* partners = nullptr,
-       size_t sliceBytes = size_t{1} << 20);
+  // Small all-reduces take recursive doubling when the group is a power of two of 4 or more and
+  // `links` reach every partner (member r XOR 2^k). sliceBytes: the large all-reduce's slice
+  // (DistributedConfig::ringSliceBytes).
+  Ring(Links& links, std::vector<uint8_t>& scratch, const CallSignature& call, size_t sliceBytes = size_t{1} << 20);
 
   void allReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
   void broadcast(void* data, size_t bytes, int root) override;
@@ -51,9 +53,11 @@ class Ring : public Collectives {
 
  private:
   int mod(int i) const { return ((i % size_) + size_) % size_; }
-  // One step; the first of a collective also sends our header and checks the left one's.
-  void step(std::vector<iovec> send, std::vector<iovec> recv, Step&& extra = Step());
-  void checkLeftHeader();
+  // One step, receiving from the left and sending to the right unless partners are named; the first
+  // of a collective also sends our header and checks the one received.
+  void step(std::vector<iovec> send, std::vector<iovec> recv, Step&& extra = Step(), int from = -1, int to = -1);
+  void checkHeader(int from);
+  bool canDouble() const;
   void gatherBlocks(uint8_t* blocks, size_t bytesPerRank);
   // Recursive doubling: in round k exchange the whole partial result with rank r XOR 2^k and
   // combine, lower rank's operand first, so that both partners compute the same bits.
@@ -64,17 +68,14 @@ class Ring : public Collectives {
   // All-gather steps from `first` on: step s passes on chunk r-s and receives chunk r-s-1 in place.
   void allGatherSteps(uint8_t* data, size_t count, size_t esz, int first);
 
+  Links& links_;
   int rank_, size_;
-  Duplex& io_;
   std::vector<uint8_t>& scratch_;
   CallSignature call_;
-  Pair* left_;
-  Pair* right_;
-  std::vector<Pair>* partners_;
   size_t sliceBytes_;
   uint8_t myHeader_[kCallHeaderBytes];
-  uint8_t leftHeader_[kCallHeaderBytes];
+  uint8_t theirHeader_[kCallHeaderBytes];
   bool headerSent_ = false;
 };
 
-}  // namespace cyxwiz::comm::tcp
+}  // namespace cyxwiz::comm
