@@ -190,15 +190,23 @@ done()
 '''
 
 
-# On one host "auto" takes shared memory: tcp keeps the ring's algorithms under test too.
-TRANSPORTS = [pytest.param(w, t, id=f"{w}-{t}") for w in (1, 2, 3, 4) for t in ("shm", "tcp") if w > 1 or t == "tcp"]
+# On one host "auto" takes shared memory: tcp keeps the ring's algorithms under test too, and
+# shm-ring runs the same ring algorithms through shared memory (CYXWIZ_SHM_ALGORITHM=ring).
+TRANSPORTS = [pytest.param(w, t, id=f"{w}-{t}") for w in (1, 2, 3, 4) for t in ("shm", "tcp", "shm-ring")
+              if w > 1 or t == "tcp"]
+
+
+def transport_env(transport: str) -> dict:
+    """The variables that select `transport`, and what get_config().transport must then say."""
+    if transport == "shm-ring":
+        return {"CYXWIZ_TRANSPORT": "shm", "CYXWIZ_SHM_ALGORITHM": "ring", "TEST_TRANSPORT": "shm"}
+    return {"CYXWIZ_TRANSPORT": transport, "TEST_TRANSPORT": transport}
 
 
 @pytest.mark.parametrize("world_size, transport", TRANSPORTS)
 def test_all_reduce_every_op_dtype_and_size(ranks, world_size, transport):
     counts = all_reduce_counts(world_size)
-    results = ranks.run(ALL_REDUCE, world_size, env={"TEST_COUNTS": json.dumps(counts), "CYXWIZ_TRANSPORT": transport,
-                                                     "TEST_TRANSPORT": transport})
+    results = ranks.run(ALL_REDUCE, world_size, env={"TEST_COUNTS": json.dumps(counts), **transport_env(transport)})
     reports = outputs(ranks, results, world_size)
     digests = [rep["digests"] for rep in reports]
     # 18 op/dtype pairs (AVG is floats only), each at every count (+ the two threshold counts).
@@ -367,7 +375,7 @@ done()
 
 @pytest.mark.parametrize("world_size, transport", TRANSPORTS)
 def test_broadcast_all_gather_reduce_scatter_barrier(ranks, world_size, transport):
-    results = ranks.run(OTHER_COLLECTIVES, world_size, env={"CYXWIZ_TRANSPORT": transport, "TEST_TRANSPORT": transport})
+    results = ranks.run(OTHER_COLLECTIVES, world_size, env=transport_env(transport))
     reports = outputs(ranks, results, world_size)
     assert all(rep["checks"] > 300 for rep in reports), [rep["checks"] for rep in reports]
     for k in range(3):

@@ -328,13 +328,14 @@ def test_mismatched_collectives_raise_on_every_rank(watch, case):
     assert seen, f"no rank says 'mismatch':\n{report}"
 
 
-@pytest.mark.parametrize("transport", ["tcp", "auto"])
-def test_mismatch_names_the_rank_whose_header_differed(watch, transport):
+@pytest.mark.parametrize("transport, algorithm", [("tcp", "direct"), ("auto", "direct"), ("auto", "ring")])
+def test_mismatch_names_the_rank_whose_header_differed(watch, transport, algorithm):
     # 4 ranks, small all_reduce: over TCP recursive doubling, whose first step pairs rank 0 with
     # rank 1 (not with its left neighbour, rank 3); through shared memory one round of all four.
     calls = {r: [f"ar({X})"] for r in range(4)}
     calls[1] = ["ar(np.ones(11, np.float32))"]
-    rank_env = {r: {"CALLS": json.dumps(calls[r]), "CYXWIZ_TRANSPORT": transport} for r in range(4)}
+    rank_env = {r: {"CALLS": json.dumps(calls[r]), "CYXWIZ_TRANSPORT": transport, "CYXWIZ_SHM_ALGORITHM": algorithm}
+                for r in range(4)}
     procs = watch.start(MISMATCH_CODE, 4, rank_env=rank_env)
     watch.finish(procs, timeout=40)
     report = watch.report(procs)

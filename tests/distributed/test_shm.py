@@ -95,6 +95,20 @@ def test_transport_values_are_checked(monkeypatch):
         cx.distributed.init(c)
 
 
+def test_shm_algorithm_values_are_checked(monkeypatch):
+    monkeypatch.setenv("CYXWIZ_SHM_ALGORITHM", "tree")
+    with pytest.raises(ValueError, match=r"CYXWIZ_SHM_ALGORITHM='tree' is not an algorithm: expected direct .* or ring"):
+        cx.distributed.DistributedConfig.from_environment()
+
+
+def test_ranks_that_disagree_on_the_shm_algorithm_all_say_so(ranks):
+    results = ranks.run(INIT_AND_REPORT, 2, rank_env={1: {"CYXWIZ_SHM_ALGORITHM": "ring"}}, timeout=60)
+    for r, rep in zip(results, reports(ranks, results)):
+        assert r.rc == 3 and rep["error"] == "ValueError", ranks.report(results)
+        assert "CYXWIZ_SHM_ALGORITHM differs between ranks" in rep["msg"] and "'direct'" in rep["msg"], rep
+        assert "'ring'" in rep["msg"] and rep["msg"].startswith(f"[rank {r.rank}/2] init: "), rep
+
+
 def test_ranks_that_disagree_on_the_transport_all_say_so(ranks):
     results = ranks.run(INIT_AND_REPORT, 2, rank_env={1: {"CYXWIZ_TRANSPORT": "tcp"}}, timeout=60)
     for r, rep in zip(results, reports(ranks, results)):

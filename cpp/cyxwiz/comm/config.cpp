@@ -153,6 +153,13 @@ void DistributedConfig::readTuning() {
     }
     transport = v;
   }
+  if (auto a = envString("CYXWIZ_SHM_ALGORITHM"); a && !a->empty()) {
+    if (*a != "direct" && *a != "ring") {
+      throw InvalidArgument(makeString("CYXWIZ_SHM_ALGORITHM='", *a, "' is not an algorithm: expected direct (the default: "
+                                       "each rank reduces its part reading the others' memory) or ring"));
+    }
+    shmAlgorithm = *a;
+  }
 }
 
 void DistributedConfig::validate() const {

@@ -49,6 +49,10 @@ struct DistributedConfig {
   // else TCP), "tcp" or "shm". After init, get_config() says what the job uses: "shm" (one host),
   // "shm+tcp" (shared memory inside hosts, TCP between them) or "tcp".
   std::string transport = "auto";
+  // CYXWIZ_SHM_ALGORITHM: how one host's ranks run collectives in shared memory: "direct" (each rank
+  // reduces its part reading the others' memory; window_collectives.h) or "ring" (ring.h over
+  // shm/links.h: the ring and recursive doubling, as over TCP).
+  std::string shmAlgorithm = "direct";
 
   // Raises InvalidArgument naming the variable (and what was expected) for any bad or partial value.
   static DistributedConfig fromEnvironment();

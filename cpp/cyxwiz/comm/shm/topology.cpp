@@ -47,15 +47,15 @@ const char* const kSegmentKey = "cyxwiz/shm/segment";
 }
 
 struct Record {
-  std::string transport, identity, pidNamespace;
+  std::string transport, shmAlgorithm, identity, pidNamespace;
 };
 
-// "<transport> <pid namespace> <identity>" (the identity may hold anything but a newline).
-std::string encode(const Record& r) { return r.transport + " " + r.pidNamespace + " " + r.identity; }
+// "<transport> <shm algorithm> <pid namespace> <identity>" (the identity may hold anything but a newline).
+std::string encode(const Record& r) { return r.transport + " " + r.shmAlgorithm + " " + r.pidNamespace + " " + r.identity; }
 Record decode(const std::string& s) {
   Record r;
   std::istringstream in(s);
-  in >> r.transport >> r.pidNamespace;
+  in >> r.transport >> r.shmAlgorithm >> r.pidNamespace;
   std::getline(in >> std::ws, r.identity);
   return r;
 }
@@ -80,7 +80,7 @@ bool Hosts::hierarchical() const {
 namespace {
 
 Record myRecord(const DistributedConfig& config) {
-  return Record{config.transport, hostIdentity(), linkTarget("/proc/self/ns/pid")};
+  return Record{config.transport, config.shmAlgorithm, hostIdentity(), linkTarget("/proc/self/ns/pid")};
 }
 
 }  // namespace
@@ -99,6 +99,11 @@ Hosts readHosts(const DistributedConfig& config, Store& store, Deadline deadline
       raiseTogether(store, config, "read", deadline, InvalidArgument(makeString(rankPrefix(), "init: CYXWIZ_TRANSPORT differs between ranks: rank ", me, " has '",
                                        mine.transport, "', rank ", r, " has '", all[r].transport,
                                        "'; set the same value on every rank (or none: auto)")));
+    }
+    if (all[r].shmAlgorithm != mine.shmAlgorithm) {
+      raiseTogether(store, config, "read", deadline, InvalidArgument(makeString(rankPrefix(), "init: CYXWIZ_SHM_ALGORITHM differs between ranks: rank ", me, " has '",
+                                       mine.shmAlgorithm, "', rank ", r, " has '", all[r].shmAlgorithm,
+                                       "'; set the same value on every rank (or none: direct)")));
     }
   }
   Hosts hosts;
