@@ -5,11 +5,12 @@
 
 #include "cyxwiz/comm/hierarchical.h"
 #include "cyxwiz/comm/reduce.h"
-#include "cyxwiz/comm/shm/shm_collectives.h"
 #include "cyxwiz/comm/shm/topology.h"
+#include "cyxwiz/comm/shm/window.h"
 #include "cyxwiz/comm/tcp/duplex.h"
 #include "cyxwiz/comm/tcp/rendezvous.h"
 #include "cyxwiz/comm/tcp/ring.h"
+#include "cyxwiz/comm/window_collectives.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
@@ -222,8 +223,8 @@ void CpuBackend::execute(Task& task, bool onCaller) {
     const Deadline deadline = deadlineAfterMs(config_.timeoutMs);
     const auto slice = static_cast<size_t>(config_.ringSliceBytes);
     if (shm_ && hosts_ == 1) {
-      shm::ShmCollectives local(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted,
-                                &finalizing_);
+      shm::Window window(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted, &finalizing_);
+      WindowCollectives local(window, task.call);
       task.body(local);
     } else {
       Duplex io(&left_, &right_, monitor_.get(), deadline, config_.timeoutMs, *task.work, spin, interrupted, &finalizing_);
@@ -231,13 +232,14 @@ void CpuBackend::execute(Task& task, bool onCaller) {
       if (!shm_) {
         task.body(ring);
       } else {
-        shm::ShmCollectives local(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted,
-                                  &finalizing_);
+        shm::Window window(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted,
+                           &finalizing_);
+        WindowCollectives local(window, task.call);
         Duplex acrossIo(&hostLeft_, &hostRight_, monitor_.get(), deadline, config_.timeoutMs, *task.work, spin,
                         interrupted, &finalizing_);
         Ring across(host_, hosts_, acrossIo, scratch_, task.call, &hostLeft_, &hostRight_, &hostPartners_, slice);
         Hierarchical hierarchical(local, across, ring, shm_->size(), shm_->me(), config_.worldSize,
-                                  shm::ShmCollectives::kSmallBytes);
+                                  WindowCollectives::kSmallBytes);
         task.body(hierarchical);
       }
     }
