@@ -1,7 +1,7 @@
 // Monitor: this rank's line to the job monitor, which hears every rank's failure. A rank that fails
 // reports why; every other rank learns it here and stops at once with the original cause. The
 // transports' waits poll fd() beside their own sockets (tcp/duplex.h) or between futex sleeps
-// (shm/shm_collectives.h). The TCP one (tcp/monitor.h) is a connection to rank 0's store server.
+// (shm/window.h). The TCP one (tcp/monitor.h) is a connection to rank 0's store server.
 #pragma once
 
 #include <cstdint>

@@ -5,11 +5,13 @@
 
 #include "cyxwiz/comm/hierarchical.h"
 #include "cyxwiz/comm/reduce.h"
-#include "cyxwiz/comm/shm/shm_collectives.h"
 #include "cyxwiz/comm/shm/topology.h"
 #include "cyxwiz/comm/ring.h"
+#include "cyxwiz/comm/shm/links.h"
+#include "cyxwiz/comm/shm/window.h"
 #include "cyxwiz/comm/tcp/links.h"
 #include "cyxwiz/comm/tcp/rendezvous.h"
+#include "cyxwiz/comm/window_collectives.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
@@ -219,24 +221,31 @@ void CpuBackend::execute(Task& task, bool onCaller) {
     const auto interrupted = onCaller ? interruptCheck() : nullptr;
     const Deadline deadline = deadlineAfterMs(config_.timeoutMs);
     const auto slice = static_cast<size_t>(config_.ringSliceBytes);
-    if (shm_ && hosts_ == 1) {
-      shm::ShmCollectives local(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted,
-                                &finalizing_);
-      task.body(local);
-    } else {
+    if (!shm_) {
       tcp::Links links(config_.rank, config_.worldSize, &left_, &right_, &partners_, monitor_.get(), deadline,
                        config_.timeoutMs, *task.work, spin, interrupted, &finalizing_);
       Ring ring(links, scratch_, task.call, slice);
-      if (!shm_) {
-        task.body(ring);
+      task.body(ring);
+    } else {
+      // This host's ranks, in shared memory: by CYXWIZ_SHM_ALGORITHM, reading each other's memory
+      // directly, or the ring's algorithms over the segment.
+      shm::Window window(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted,
+                         &finalizing_);
+      WindowCollectives direct(window, task.call);
+      shm::Links shmLinks(window);
+      Ring shmRing(shmLinks, scratch_, task.call, slice);
+      Collectives& local = config_.shmAlgorithm == "ring" ? static_cast<Collectives&>(shmRing) : direct;
+      if (hosts_ == 1) {
+        task.body(local);
       } else {
-        shm::ShmCollectives local(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted,
-                                  &finalizing_);
+        tcp::Links links(config_.rank, config_.worldSize, &left_, &right_, &partners_, monitor_.get(), deadline,
+                         config_.timeoutMs, *task.work, spin, interrupted, &finalizing_);
+        Ring ring(links, scratch_, task.call, slice);
         tcp::Links acrossLinks(host_, hosts_, &hostLeft_, &hostRight_, &hostPartners_, monitor_.get(), deadline,
                                config_.timeoutMs, *task.work, spin, interrupted, &finalizing_);
         Ring across(acrossLinks, scratch_, task.call, slice);
         Hierarchical hierarchical(local, across, ring, shm_->size(), shm_->me(), config_.worldSize,
-                                  shm::ShmCollectives::kSmallBytes);
+                                  WindowCollectives::kSmallBytes);
         task.body(hierarchical);
       }
     }

@@ -67,7 +67,7 @@ class Group {
   bool peerGone(int local) const;
   std::vector<std::string> addresses;  // by job rank, when known
 
-  // Protocol state (used by ShmCollectives, one collective at a time).
+  // Protocol state (used by shm::Window, window.h, one collective at a time).
   uint32_t phase = 0;                 // the last phase this rank published
   uint32_t readDone[2] = {0, 0};      // every peer at this phase has finished reading my half h
   uint64_t rounds = 0;                // round r writes half r & 1

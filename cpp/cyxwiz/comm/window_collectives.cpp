@@ -1,0 +1,168 @@
+#include "cyxwiz/comm/window_collectives.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cyxwiz/comm/reduce.h"
+#include "cyxwiz/common/error.h"
+
+namespace cyxwiz::comm {
+
+void WindowCollectives::allReduce(void* data, size_t count, DType dtype, ReduceOp op) {
+  const size_t esz = itemSize(dtype), bytes = count * esz;
+  auto* d = static_cast<uint8_t*>(data);
+  if (bytes <= std::min(kSmallBytes, w_.halfBytes()) || count < static_cast<size_t>(w_.size())) {
+    return allReduceSmall(d, count, dtype, op);
+  }
+  const size_t chunk = w_.halfBytes() / esz;
+  for (size_t at = 0; at < count; at += chunk) allReduceChunk(d + at * esz, std::min(chunk, count - at), dtype, op);
+}
+
+void WindowCollectives::allReduceSmall(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
+  const size_t bytes = count * itemSize(dtype);
+  if (bytes > w_.halfBytes()) {  // fewer elements than ranks, but huge ones: cannot happen with our dtypes
+    throw BackendError(makeString("[rank ", w_.rank(w_.me()), "] ", call_.describe(), ": ", bytes,
+                                  " bytes do not fit a half of the window"));
+  }
+  const int h = w_.nextHalf();
+  std::memcpy(w_.writable(h, d), d, bytes);
+  w_.arrive();
+  // Rank order on every rank: every rank ends with the same bits.
+  std::memcpy(d, w_.half(0, h), bytes);
+  for (int r = 1; r < w_.size(); ++r) reduceInto(d, w_.half(r, h), count, dtype, op);
+  w_.doneReading(h);
+  if (op == ReduceOp::Avg) finishAverage(d, count, dtype, w_.size());
+}
+
+void WindowCollectives::allReduceChunk(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
+  const size_t esz = itemSize(dtype);
+  const int n = w_.size(), me = w_.me();
+  auto at = [&](int r) { return partBegin(count, n, r) * esz; };
+  auto len = [&](int r) { return at(r + 1) - at(r); };
+  const int in = w_.nextHalf(), out = w_.nextHalf();
+  // The peers' parts only: each rank reads its own part of the others' copies, and ours from d.
+  uint8_t* copy = w_.writable(in, d);
+  for (int r = 0; r < n; ++r) {
+    if (r != me) std::memcpy(copy + at(r), d + at(r), len(r));
+  }
+  w_.arrive();
+  // Our part, reduced in rank order into our other half, where the peers will copy it from.
+  auto part = [&](int r) -> const uint8_t* { return (r == me ? d : w_.half(r, in)) + at(me); };
+  uint8_t* mine = w_.writable(out, d) + at(me);
+  std::memcpy(mine, part(0), len(me));
+  for (int r = 1; r < n; ++r) reduceInto(mine, part(r), len(me) / esz, dtype, op);
+  if (op == ReduceOp::Avg) finishAverage(mine, len(me) / esz, dtype, n);
+  std::memcpy(d + at(me), mine, len(me));
+  w_.doneReading(in);
+  w_.arrive();
+  for (int r = 0; r < n; ++r) {
+    if (r != me) std::memcpy(d + at(r), w_.half(r, out) + at(r), len(r));
+  }
+  w_.doneReading(out);
+}
+
+void WindowCollectives::broadcast(void* data, size_t bytes, int root) {
+  auto* d = static_cast<uint8_t*>(data);
+  const int from = w_.memberOf(root);
+  size_t at = 0;
+  do {  // at least one round, so that an empty broadcast still checks the call
+    const size_t len = std::min(w_.halfBytes(), bytes - at);
+    const int h = w_.nextHalf();
+    if (from == w_.me()) std::memcpy(w_.writable(h, d + at), d + at, len);
+    w_.arrive();
+    if (from != w_.me()) std::memcpy(d + at, w_.half(from, h), len);
+    w_.doneReading(h);
+    at += len;
+  } while (at < bytes);
+}
+
+void WindowCollectives::allGather(const void* in, void* out, size_t bytesPerRank) {
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  size_t at = 0;
+  do {
+    const size_t len = std::min(w_.halfBytes(), bytesPerRank - at);
+    const int h = w_.nextHalf();
+    // Placed for the copies out: each peer copies it to its own array where ours goes.
+    std::memcpy(w_.writable(h, dst + static_cast<size_t>(w_.rank(w_.me())) * bytesPerRank + at), src + at, len);
+    w_.arrive();
+    for (int r = 0; r < w_.size(); ++r) std::memcpy(dst + static_cast<size_t>(w_.rank(r)) * bytesPerRank + at, w_.half(r, h), len);
+    w_.doneReading(h);
+    at += len;
+  } while (at < bytesPerRank);
+}
+
+void WindowCollectives::reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
+  const size_t esz = itemSize(dtype), window = w_.halfBytes() / esz;
+  const int n = w_.size(), me = w_.me();
+  const size_t first = partBegin(count, n, me), last = partBegin(count, n, me + 1);
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  size_t at = 0;
+  do {
+    const size_t len = std::min(window, count - at);
+    const int h = w_.nextHalf();
+    std::memcpy(w_.writable(h, src + at * esz), src + at * esz, len * esz);
+    w_.arrive();
+    // The part of this window that is ours, reduced in rank order.
+    const size_t from = std::max(at, first), to = std::min(at + len, last);
+    if (from < to) {
+      uint8_t* o = dst + (from - first) * esz;
+      std::memcpy(o, w_.half(0, h) + (from - at) * esz, (to - from) * esz);
+      for (int r = 1; r < n; ++r) reduceInto(o, w_.half(r, h) + (from - at) * esz, to - from, dtype, op);
+    }
+    w_.doneReading(h);
+    at += len;
+  } while (at < count);
+  if (op == ReduceOp::Avg) finishAverage(out, last - first, dtype, n);
+}
+
+void WindowCollectives::reduceScatterInPlace(void* data, size_t count, DType dtype, ReduceOp op) {
+  const size_t esz = itemSize(dtype), window = w_.halfBytes() / esz;
+  const int n = w_.size(), me = w_.me();
+  const size_t first = partBegin(count, n, me), last = partBegin(count, n, me + 1);
+  auto* d = static_cast<uint8_t*>(data);
+  size_t at = 0;
+  do {
+    const size_t len = std::min(window, count - at);
+    // Our part's share of this window, [from, to); empty at the window's edge when it lies outside.
+    const size_t from = std::min(std::max(at, first), at + len), to = std::max(from, std::min(at + len, last));
+    const int h = w_.nextHalf();
+    uint8_t* copy = w_.writable(h, d + at * esz);
+    std::memcpy(copy, d + at * esz, (from - at) * esz);
+    std::memcpy(copy + (to - at) * esz, d + to * esz, (at + len - to) * esz);
+    w_.arrive();
+    for (int r = 0; r < n; ++r) {
+      if (r != me) reduceInto(d + from * esz, w_.half(r, h) + (from - at) * esz, to - from, dtype, op);
+    }
+    w_.doneReading(h);
+    at += len;
+  } while (at < count);
+  if (op == ReduceOp::Avg) finishAverage(d + first * esz, last - first, dtype, n);
+}
+
+void WindowCollectives::allGatherInPlace(void* data, size_t count, DType dtype) {
+  const size_t esz = itemSize(dtype);
+  const int n = w_.size(), me = w_.me();
+  auto* d = static_cast<uint8_t*>(data);
+  auto begin = [&](int r) { return partBegin(count, n, r) * esz; };
+  const size_t largest = begin(1) - begin(0);
+  size_t at = 0;
+  do {
+    // What of rank r's part this round carries.
+    auto piece = [&](int r) {
+      const size_t part = begin(r + 1) - begin(r);
+      return at < part ? std::min(w_.halfBytes(), part - at) : size_t{0};
+    };
+    const int h = w_.nextHalf();
+    std::memcpy(w_.writable(h, d + begin(me) + at), d + begin(me) + at, piece(me));
+    w_.arrive();
+    for (int r = 0; r < n; ++r) {
+      if (r != me) std::memcpy(d + begin(r) + at, w_.half(r, h), piece(r));
+    }
+    w_.doneReading(h);
+    at += w_.halfBytes();
+  } while (at < largest);
+}
+
+}  // namespace cyxwiz::comm

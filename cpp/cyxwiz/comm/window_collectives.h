@@ -1,0 +1,49 @@
+// Collectives of a group through a Window (window.h): every member reads the others' memory
+// directly, with no socket and no copy through the kernel.
+//
+// all_reduce, large: in chunks of half a slot. Round 1: each rank copies into its half the parts of
+// the chunk that the others reduce; then reduces its own 1/N part, reading every rank's copy (its
+// own straight from its array) in rank order, into its other half and its array. Round 2: each rank
+// copies the other N-1 reduced parts into its array. Each part is reduced by one rank, so all get
+// its bits.
+// all_reduce, small: one round. Each rank copies its whole array in and reduces all N copies in rank
+// order: the same bits on every rank, and one wait (no syscall when the peers are on time).
+// broadcast, all_gather, reduce_scatter: one round per chunk. barrier: one round with no data.
+// The first round of every call checks the call headers (Window::arrive): a mismatch is an error
+// naming the other rank's call, never wrong numbers.
+#pragma once
+
+#include "cyxwiz/comm/collectives.h"
+#include "cyxwiz/comm/window.h"
+
+namespace cyxwiz::comm {
+
+class WindowCollectives : public Collectives {
+ public:
+  // All-reduces of at most this many bytes (and fitting a half) take the one-round path.
+  static constexpr size_t kSmallBytes = 32 * 1024;
+
+  WindowCollectives(Window& window, const CallSignature& call) : w_(window), call_(call) {}
+
+  void allReduce(void* data, size_t count, DType dtype, ReduceOp op) override;
+  void broadcast(void* data, size_t bytes, int root) override;
+  void allGather(const void* in, void* out, size_t bytesPerRank) override;
+  void reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override;
+  // One round per window of half a slot: each rank copies in the others' parts of it and reduces its
+  // own, reading its own copy from its array (any order: only its owner computes a part).
+  void reduceScatterInPlace(void* data, size_t count, DType dtype, ReduceOp op) override;
+  // One round per half a slot of the largest part.
+  void allGatherInPlace(void* data, size_t count, DType dtype) override;
+  void barrier() override { w_.arrive(); }
+  void checkCalls() override { w_.arrive(); }
+  const CallSignature& call() const override { return call_; }
+
+ private:
+  void allReduceSmall(uint8_t* data, size_t count, DType dtype, ReduceOp op);
+  void allReduceChunk(uint8_t* data, size_t count, DType dtype, ReduceOp op);
+
+  Window& w_;
+  CallSignature call_;
+};
+
+}  // namespace cyxwiz::comm
