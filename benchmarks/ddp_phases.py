@@ -23,7 +23,7 @@ os.environ.setdefault("CYXWIZ_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 import pycyxwiz as cx  # noqa: E402
-from train_step import build_cx  # noqa: E402 - the MLP, its loss and Adam, as the other benchmarks build them
+from mlp import build_cx  # noqa: E402 - the MLP, its loss and Adam, as the other benchmarks build them
 
 
 def rank_main(local_rank, sizes, steps, rounds):
@@ -33,8 +33,8 @@ def rank_main(local_rank, sizes, steps, rounds):
     rng = np.random.default_rng(r)
     X = rng.standard_normal((64, sizes[0])).astype(np.float32)
     y = rng.integers(0, sizes[-1], 64)
-    plain, loss, opt_plain = build_cx(sizes)
-    replica, _, opt_ddp = build_cx(sizes)
+    plain, loss, opt_plain = build_cx(cx, sizes)
+    replica, _, opt_ddp = build_cx(cx, sizes)
     ddp = D.DistributedDataParallel(replica)
 
     def ddp_step():

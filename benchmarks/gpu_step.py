@@ -51,12 +51,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from allreduce import machine_info, md_table  # noqa: E402
+from mlp import LR, MODELS, build_cx, torch_mlp  # noqa: E402 - the MLP every benchmark trains
 
-MODELS = {"small": [784, 256, 10], "large": [784, 4096, 4096, 10]}
 TARGETS = {"small": 0.3, "large": 1.0}  # pycyxwiz time / torch time, from the issue
 BATCHES = [64, 1024]
 CLASSES = 10
-LR = 1e-3
 # (rounds, warmup, timed steps) per model for a full run and for --quick
 DEFAULTS = {"small": (5, 20, 100), "large": (5, 5, 30)}
 QUICK = {"small": (1, 3, 10), "large": (1, 2, 5)}
@@ -115,23 +114,8 @@ def driver_version():
 
 # ----------------------------------------------------------------- models and steps
 
-def build_cx(cx, sizes, seed):
-    cx.manual_seed(seed)
-    m = cx.SequentialModel()
-    for i in range(len(sizes) - 1):
-        m.add(cx.LinearModule(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            m.add(cx.ReLUModule())
-    return m
-
-
 def build_torch(torch, sizes, weights, device, fused):
-    layers = []
-    for i in range(len(sizes) - 1):
-        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
+    model = torch_mlp(torch, sizes)
     with torch.no_grad():  # pycyxwiz's initial weights; the parameter order matches (W0, b0, W1, b1, ...)
         for p, w in zip(model.parameters(), weights):
             p.copy_(torch.from_numpy(w))
@@ -151,12 +135,12 @@ def cx_step_fn(cx, model, lossfn, opt):
     return step
 
 
-def cx_graph_step_fn(cx, model):
+def cx_graph_step_fn(cx, model, lossfn, opt):
     """cx.distributed.TrainStep(cuda_graphs=True) on a world of one: the first call eager, the second
     captured, later ones replayed; step.loss() reads the running mean loss (one host sync, as the
     other variants' loss read)."""
     ddp = cx.distributed.DistributedDataParallel(model)
-    train = cx.distributed.TrainStep(ddp, cx.CrossEntropyLoss(), cx.AdamOptimizer(LR), cuda_graphs=True)
+    train = cx.distributed.TrainStep(ddp, lossfn, opt, cuda_graphs=True)
 
     def step(x, y):
         train(x, y)
@@ -237,17 +221,16 @@ def bench_config(cx, torch, name, batch, args, device, dev_index):
     res = {"model": name, "layers": "-".join(map(str, sizes)), "parameters": n_params(sizes), "batch": batch,
            "rounds": rounds, "warmup": warmup, "steps": steps, "variants": {}, "checks": {}}
     pool = make_pool(torch, args, batch, device)
-    cx_model = build_cx(cx, sizes, args.seed)
+    cx_model, lossfn, cx_opt = build_cx(cx, sizes, args.seed)
     weights = [np.array(p, copy=True) for p in cx_model.parameters()]
     cx_sync = lambda: cx.cuda.synchronize(dev_index)  # noqa: E731
     torch_sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
     runners = {}
     try:
         cx_model.to(device)
-        lossfn = cx.CrossEntropyLoss()
         x0, y0 = pool[0]
         loss0 = lossfn.forward(cx_model.forward(x0), y0)
-        runners[V_CX] = (cx_step_fn(cx, cx_model, lossfn, cx.AdamOptimizer(LR)), cx_sync)
+        runners[V_CX] = (cx_step_fn(cx, cx_model, lossfn, cx_opt), cx_sync)
         res["checks"]["first_loss_pycyxwiz"] = loss0
     except Exception as e:
         res["variants"][V_CX] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
@@ -256,9 +239,9 @@ def bench_config(cx, torch, name, batch, args, device, dev_index):
     try:
         if not cx.distributed.is_initialized():
             cx.distributed.init()  # a world of one: DDP and TrainStep need it
-        graph_model = build_cx(cx, sizes, args.seed)
+        graph_model, graph_loss, graph_opt = build_cx(cx, sizes, args.seed)
         graph_model.to(device)
-        runners[V_GRAPH] = (cx_graph_step_fn(cx, graph_model), cx_sync)
+        runners[V_GRAPH] = (cx_graph_step_fn(cx, graph_model, graph_loss, graph_opt), cx_sync)
     except Exception as e:
         res["variants"][V_GRAPH] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
         log(f"  {V_GRAPH}: FAILED at set-up: {type(e).__name__}: {e}")

@@ -37,17 +37,13 @@ import time
 import numpy as np
 
 import pycyxwiz as cx
+from mlp import LR, MODELS, build_cx, torch_mlp  # the MLP every benchmark trains
 
-MODELS = {
-    "small": [784, 256, 10],
-    "large": [784, 4096, 4096, 10],
-}
 # Per-model defaults (steps, warmup) for a full run; --steps/--warmup override both models.
 DEFAULTS = {"small": (200, 20), "large": (10, 2)}
 QUICK = {"small": (30, 5), "large": (2, 1)}
 BATCH = 64
 CLASSES = 10
-LR = 1e-3
 
 V_OURS = "pycyxwiz Adam"
 V_FUSED = "torch Adam(fused=True)"
@@ -111,22 +107,8 @@ def import_torch(disabled):
 # models and steps
 
 
-def build_cx(sizes):
-    m = cx.SequentialModel()
-    for i in range(len(sizes) - 1):
-        m.add(cx.LinearModule(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            m.add(cx.ReLUModule())
-    return m, cx.CrossEntropyLoss(), cx.AdamOptimizer(LR)
-
-
 def build_torch(torch, sizes, cx_model, fused):
-    layers = []
-    for i in range(len(sizes) - 1):
-        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
+    model = torch_mlp(torch, sizes)
     # Same initial weights as the pycyxwiz model (parameter order matches: W0, b0, W1, b1, ...).
     with torch.no_grad():
         for tp, cp in zip(model.parameters(), cx_model.parameters()):
@@ -544,8 +526,7 @@ def main(argv=None):
         rounds = args.rounds or ((2 if mname == "small" else 1) if args.quick else 7)
         settings[mname] = (rounds, steps, warmup)
 
-        cx.manual_seed(args.seed)
-        cm, lossfn, copt = build_cx(sizes)
+        cm, lossfn, copt = build_cx(cx, sizes, args.seed)
         variants = {V_OURS: (make_cx_step(cm, lossfn, copt), False)}
         if torch is not None:
             torch.manual_seed(args.seed)

@@ -35,9 +35,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from allreduce import Reader, free_port, kill_all, machine_info, md_table, probe, tagged  # noqa: E402
+from mlp import MODELS  # noqa: E402 - the layer sizes of the MLP the workers train
 
 WORKER = os.path.join(HERE, "train_throughput_worker.py")
-MODELS = {"small": [784, 256, 10], "large": [784, 4096, 4096, 10]}
 BATCH = 64
 FRAMEWORKS = ["pycyxwiz", "torch"]
 MODES = ["ddp", "nocomm"]

@@ -32,11 +32,11 @@ import traceback
 
 import numpy as np
 
+from mlp import LR, MODELS, build_cx, torch_mlp  # the MLP every benchmark trains; imports neither framework
+
 READY, ROUND, RESULT, ERROR = "TRAIN_READY", "TRAIN_ROUND", "TRAIN_RESULT", "TRAIN_ERROR"
-MODELS = {"small": [784, 256, 10], "large": [784, 4096, 4096, 10]}
 BATCH = 64
 CLASSES = 10
-LR = 1e-3
 
 
 def emit(tag, obj):
@@ -79,14 +79,7 @@ class Cyxwiz:
             pass
 
     def build(self, sizes, mode, seed):
-        cx = self.cx
-        cx.manual_seed(seed)
-        m = cx.SequentialModel()
-        for i in range(len(sizes) - 1):
-            m.add(cx.LinearModule(sizes[i], sizes[i + 1]))
-            if i < len(sizes) - 2:
-                m.add(cx.ReLUModule())
-        lossfn, opt = cx.CrossEntropyLoss(), cx.AdamOptimizer(LR)
+        m, lossfn, opt = build_cx(self.cx, sizes, seed)
         if mode == "ddp":
             ddp = self.dist.DistributedDataParallel(m)
             try:
@@ -145,12 +138,7 @@ class Torch:
         torch = self.torch
         F = torch.nn.functional
         torch.manual_seed(seed)
-        layers = []
-        for i in range(len(sizes) - 1):
-            layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
-            if i < len(sizes) - 2:
-                layers.append(torch.nn.ReLU())
-        model = torch.nn.Sequential(*layers)
+        model = torch_mlp(torch, sizes)
         net = torch.nn.parallel.DistributedDataParallel(model) if mode == "ddp" else model
         if self.adam == "fused":
             opt = torch.optim.Adam(net.parameters(), lr=LR, fused=True)

@@ -411,44 +411,40 @@ class CyxwizProcessGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
-    def allgather(self, output_tensors, input_tensors, opts=None):
+    def _allgather_staged(self, jobs, outputs, what: str) -> _Work:
+        """All-gathers each (input, per_rank) of ``jobs`` into a (world, *input.shape) staging tensor; once
+        the ring is done, row r is copied into the r-th tensor ``per_rank`` yields (it is iterated only
+        then). One Work for them all: the ring runs them in call order."""
         world = self.size()
         staged = []
         pending = None
-        for outs, inp in zip(output_tensors, input_tensors):
+        for inp, per_rank in jobs:
             flat = torch.empty((world,) + tuple(inp.shape), dtype=inp.dtype)
-            pending, dst = self._gather_into(flat, inp, "all_gather")
-            staged.append((outs, flat, dst))
+            pending, dst = self._gather_into(flat, inp, what)
+            staged.append((per_rank, flat, dst))
 
         def scatter_out():
             with torch.no_grad():
-                for outs, flat, dst in staged:
+                for per_rank, flat, dst in staged:
                     dst.done()
-                    for r, o in enumerate(outs):
+                    for r, o in enumerate(per_rank):
                         o.copy_(flat[r])
-        return self._start(pending, [], output_tensors, scatter_out)
+        return self._start(pending, [], outputs, scatter_out)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        return self._allgather_staged(zip(input_tensors, output_tensors), output_tensors, "all_gather")
 
     # dist.all_gather_coalesced calls this on the group itself; without it torch's base method looks for
     # a C++ backend and fails with "No backend type associated with device type cpu".
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """output_lists[r][j] receives rank r's input_list[j]."""
         world = self.size()
-        staged = []
-        pending = None
-        for j, inp in enumerate(input_list):
-            if inp.numel() == 0:  # same shapes on every rank: nothing to move
-                continue
-            flat = torch.empty((world,) + tuple(inp.shape), dtype=inp.dtype)
-            pending, dst = self._gather_into(flat, inp, "all_gather_coalesced")
-            staged.append((j, flat, dst))
 
-        def scatter_out():
-            with torch.no_grad():
-                for j, flat, dst in staged:
-                    dst.done()
-                    for r in range(world):
-                        output_lists[r][j].copy_(flat[r])
-        return self._start(pending, [], output_lists, scatter_out)
+        def column(j):  # output_lists[r][j] for r = 0, 1, ...: read as the copies are made
+            return (output_lists[r][j] for r in range(world))
+        # An empty input is skipped: same shapes on every rank, nothing to move.
+        jobs = ((inp, column(j)) for j, inp in enumerate(input_list) if inp.numel() != 0)
+        return self._allgather_staged(jobs, output_lists, "all_gather_coalesced")
 
     def _scatter_into(self, output, input, opts, what: str):
         op = opts.reduceOp if opts is not None else _R.SUM
