@@ -188,9 +188,12 @@ except Exception as e:
 '''
 
 
-@pytest.mark.parametrize("world, victim", [(2, 1), (2, 0), (4, 2), (4, 0)])
-def test_sigkill_mid_collective_names_the_dead_rank(watch, ranks, world, victim):
-    procs = watch.start(LOOP_UNTIL_ERROR, world, env={"DISTRIBUTED_TIMEOUT_MS": "10000"})
+# CYXWIZ_SHM_ALGORITHM=ring: the ring's steps through shared memory (shm/links.h) wait as the direct
+# algorithm's rounds do; a few cases check that they fail alike.
+@pytest.mark.parametrize("world, victim, algorithm", [(2, 1, "direct"), (2, 0, "direct"), (4, 2, "direct"),
+                                                      (4, 0, "direct"), (2, 1, "ring"), (4, 2, "ring")])
+def test_sigkill_mid_collective_names_the_dead_rank(watch, ranks, world, victim, algorithm):
+    procs = watch.start(LOOP_UNTIL_ERROR, world, env={"DISTRIBUTED_TIMEOUT_MS": "10000", "CYXWIZ_SHM_ALGORITHM": algorithm})
     watch.wait_line(procs, "READY", timeout=60)
     time.sleep(0.2)  # well inside the loop of collectives
     killed_at = time.monotonic()
@@ -221,9 +224,9 @@ def test_sigkill_mid_collective_names_the_dead_rank(watch, ranks, world, victim)
 # --------------------------------------------------------------------------------- a rank stops
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_sigstop_raises_timeout_after_the_timeout(watch, world):
-    procs = watch.start(LOOP_UNTIL_ERROR, world, env={"DISTRIBUTED_TIMEOUT_MS": "3000"})
+@pytest.mark.parametrize("world, algorithm", [(2, "direct"), (4, "direct"), (2, "ring")])
+def test_sigstop_raises_timeout_after_the_timeout(watch, world, algorithm):
+    procs = watch.start(LOOP_UNTIL_ERROR, world, env={"DISTRIBUTED_TIMEOUT_MS": "3000", "CYXWIZ_SHM_ALGORITHM": algorithm})
     watch.wait_line(procs, "READY", timeout=60)
     time.sleep(0.2)
     stopped_at = time.monotonic()
