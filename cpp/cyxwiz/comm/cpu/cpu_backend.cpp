@@ -134,6 +134,7 @@ CpuBackend::CpuBackend(const DistributedConfig& config, const std::function<void
       shm_ = shm::formGroup(config_, *store_, hosts, deadline, &whyNot);
       if (shm_) shm_->addresses = std::move(addresses);
       if (shm_ && hosts.count() > 1) host_ = hosts.host, hosts_ = hosts.count();
+      shmRing_ = config_.shmAlgorithm == "ring";
       if (!shm_) {
         hostLeft_.socket.close();  // unused: every collective takes the flat ring
         hostRight_.socket.close();
@@ -228,16 +229,11 @@ void CpuBackend::execute(Task& task, bool onCaller) {
       task.body(ring);
     } else {
       // This host's ranks, in shared memory: by CYXWIZ_SHM_ALGORITHM, reading each other's memory
-      // directly, or the ring's algorithms over the segment.
+      // directly, or the ring's algorithms over the segment. Only the one used is built (per call).
       shm::Window window(*shm_, task.call, monitor_.get(), config_.timeoutMs, *task.work, spin, interrupted,
                          &finalizing_);
-      WindowCollectives direct(window, task.call);
-      shm::Links shmLinks(window);
-      Ring shmRing(shmLinks, scratch_, task.call, slice);
-      Collectives& local = config_.shmAlgorithm == "ring" ? static_cast<Collectives&>(shmRing) : direct;
-      if (hosts_ == 1) {
-        task.body(local);
-      } else {
+      auto onHost = [&](Collectives& local) {
+        if (hosts_ == 1) return task.body(local);
         tcp::Links links(config_.rank, config_.worldSize, &left_, &right_, &partners_, monitor_.get(), deadline,
                          config_.timeoutMs, *task.work, spin, interrupted, &finalizing_);
         Ring ring(links, scratch_, task.call, slice);
@@ -247,6 +243,14 @@ void CpuBackend::execute(Task& task, bool onCaller) {
         Hierarchical hierarchical(local, across, ring, shm_->size(), shm_->me(), config_.worldSize,
                                   WindowCollectives::kSmallBytes);
         task.body(hierarchical);
+      };
+      if (shmRing_) {
+        shm::Links links(window);
+        Ring ring(links, scratch_, task.call, slice);
+        onHost(ring);
+      } else {
+        WindowCollectives direct(window, task.call);
+        onHost(direct);
       }
     }
     task.body = nullptr;

@@ -94,6 +94,7 @@ class CpuBackend final : public Backend {
   tcp::Pair hostLeft_, hostRight_;
   std::vector<tcp::Pair> hostPartners_;  // its recursive-doubling links there (4, 8, ... hosts)
   int host_ = 0, hosts_ = 1;
+  bool shmRing_ = false;  // CYXWIZ_SHM_ALGORITHM=ring
   std::unique_ptr<tcp::PointToPoint> p2p_;  // send/recv; absent in a world of one
   std::atomic<uint64_t> p2pSequence_{0};
   std::vector<uint8_t> scratch_;  // receive and gather space, kept between calls
