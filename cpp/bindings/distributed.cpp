@@ -25,6 +25,7 @@ using cyxwiz::bindings::PyWork;
 using cyxwiz::bindings::finish;
 using cyxwiz::bindings::finishRecv;
 using cyxwiz::bindings::released;
+using cyxwiz::bindings::toNumpy;
 
 namespace {
 
@@ -164,6 +165,17 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
     return finish(released([&] { return backend("all_reduce")->allReduce(t, op, async); }), async, py::none());
   }, py::arg("array"), py::arg("op") = ReduceOp::Sum, py::arg("async_op") = false,
      "Combine `array` across ranks, in place.");
+
+  d.def("_shared_zeros", [](py::object like) {
+    Tensor t = inputTensor(like, "_shared_zeros"), out;
+    {
+      BlockingCall unlocked;
+      out = backend("_shared_zeros")->sharedZeros(t.numel(), t.dtype());
+    }
+    return toNumpy(out);
+  }, py::arg("like"),
+     "A zeroed 1-D array of like's size and dtype in memory the ranks of this host share (DDP's buckets): "
+     "all_reduce of the whole array reads the peers' copies where they lie. Collective.");
 
   d.def("broadcast", [](py::object array, int src, bool async) {
     Tensor t = inplaceTensor(array, "broadcast");

@@ -174,6 +174,10 @@ def assert_fails_again_fast(p: Proc, first: dict, limit: float = 1.0) -> None:
 
 LOOP_UNTIL_ERROR = r'''
 a = np.arange(1 << 20, dtype=np.float32)       # 4 MB: the ring path, several steps per call
+if os.environ.get("SHARED"):                  # a shared buffer (DDP's buckets): read where it lies
+    b = D._shared_zeros(a)
+    b[:] = a
+    a = b
 D.all_reduce(a, op=D.ReduceOp.MAX)
 emit("READY")
 t0 = time.monotonic()
@@ -191,9 +195,12 @@ except Exception as e:
 # CYXWIZ_SHM_ALGORITHM=ring: the ring's steps through shared memory (shm/links.h) wait as the direct
 # algorithm's rounds do; a few cases check that they fail alike.
 @pytest.mark.parametrize("world, victim, algorithm", [(2, 1, "direct"), (2, 0, "direct"), (4, 2, "direct"),
-                                                      (4, 0, "direct"), (2, 1, "ring"), (4, 2, "ring")])
+                                                      (4, 0, "direct"), (2, 1, "ring"), (4, 2, "ring"),
+                                                      (2, 1, "shared"), (4, 2, "shared")])
 def test_sigkill_mid_collective_names_the_dead_rank(watch, ranks, world, victim, algorithm):
-    procs = watch.start(LOOP_UNTIL_ERROR, world, env={"DISTRIBUTED_TIMEOUT_MS": "10000", "CYXWIZ_SHM_ALGORITHM": algorithm})
+    env = {"DISTRIBUTED_TIMEOUT_MS": "10000", "CYXWIZ_SHM_ALGORITHM": "direct" if algorithm == "shared" else algorithm,
+           "SHARED": "1" if algorithm == "shared" else ""}
+    procs = watch.start(LOOP_UNTIL_ERROR, world, env=env)
     watch.wait_line(procs, "READY", timeout=60)
     time.sleep(0.2)  # well inside the loop of collectives
     killed_at = time.monotonic()
@@ -224,9 +231,11 @@ def test_sigkill_mid_collective_names_the_dead_rank(watch, ranks, world, victim,
 # --------------------------------------------------------------------------------- a rank stops
 
 
-@pytest.mark.parametrize("world, algorithm", [(2, "direct"), (4, "direct"), (2, "ring")])
+@pytest.mark.parametrize("world, algorithm", [(2, "direct"), (4, "direct"), (2, "ring"), (2, "shared")])
 def test_sigstop_raises_timeout_after_the_timeout(watch, world, algorithm):
-    procs = watch.start(LOOP_UNTIL_ERROR, world, env={"DISTRIBUTED_TIMEOUT_MS": "3000", "CYXWIZ_SHM_ALGORITHM": algorithm})
+    env = {"DISTRIBUTED_TIMEOUT_MS": "3000", "CYXWIZ_SHM_ALGORITHM": "direct" if algorithm == "shared" else algorithm,
+           "SHARED": "1" if algorithm == "shared" else ""}
+    procs = watch.start(LOOP_UNTIL_ERROR, world, env=env)
     watch.wait_line(procs, "READY", timeout=60)
     time.sleep(0.2)
     stopped_at = time.monotonic()

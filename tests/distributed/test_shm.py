@@ -151,3 +151,129 @@ def test_a_rank_that_cannot_share_memory_means_tcp_or_a_clear_error(ranks, setti
             assert "CYXWIZ_TRANSPORT=shm, but rank 1 is on another host than rank 0" in rep["msg"], rep
             assert rep["msg"].startswith(f"[rank {r.rank}/2] init: "), rep
             assert "unset CYXWIZ_TRANSPORT (auto) or set it to tcp" in rep["msg"], rep
+
+
+# ------------------------------------------------------------------ shared buffers (DDP's buckets)
+
+SHARED = r'''
+import json, os, sys
+import numpy as np
+import pycyxwiz as cx
+D = cx.distributed
+D.init()
+R, W = D.get_rank(), D.get_world_size()
+checks = 0
+
+def expect(ok, what):
+    global checks
+    if not ok:
+        print(json.dumps({"failed": what}), flush=True)
+        sys.exit(4)
+    checks += 1
+
+def mapped():
+    # A peer unlinks its segment a moment after this rank returns: count names, deleted or not.
+    lines = open("/proc/self/maps").read().splitlines()
+    return {line.split()[5] for line in lines if "/dev/shm/cyxwiz" in line}
+
+base = len(mapped())
+OPS = {"SUM": D.ReduceOp.SUM, "MAX": D.ReduceOp.MAX, "AVG": D.ReduceOp.AVG}
+for dtype in (np.float32, np.float64, np.int64):
+    for n in (9000, 65537, (1 << 20) + 3):
+        for name, op in OPS.items():
+            if name == "AVG" and dtype == np.int64:
+                continue
+            mine = [(np.random.default_rng(1000 * r + n).standard_normal(n) * 100).astype(dtype) for r in range(W)]
+            s = D._shared_zeros(mine[R])
+            expect(s.dtype == dtype and s.shape == (n,) and not s.any(), "a shared buffer starts as zeros")
+            expect(len(mapped()) == base + W, f"{W} more segments mapped, {len(mapped()) - base} seen")
+            p = mine[R].copy()
+            for round in range(3):  # the same buffer again and again, as DDP does
+                s[:] = mine[R] + round
+                p[:] = mine[R] + round
+                D.all_reduce(s, op=op)
+                D.all_reduce(p, op=op)
+                # The same bits as through the slots; numpy (in float64) as the oracle.
+                expect(np.array_equal(s, p), f"{dtype.__name__} {n} {name}: shared and private differ")
+                stack = np.stack([m + round for m in mine]).astype(np.float64)
+                want = {"SUM": stack.sum(0), "MAX": stack.max(0), "AVG": stack.mean(0)}[name]
+                tol = 1e-3 if dtype == np.float32 else 1e-9
+                expect(np.allclose(s.astype(np.float64), want, rtol=tol, atol=tol), f"{dtype.__name__} {n} {name}: wrong sum")
+            del s
+gone = len(mapped()) == base
+# DDP's buckets are shared buffers: one segment per rank per bucket.
+model = cx.SequentialModel()
+model.add(cx.LinearModule(784, 256)); model.add(cx.ReLUModule()); model.add(cx.LinearModule(256, 10))
+ddp = D.DistributedDataParallel(model)
+D.barrier()  # every rank has unlinked its segments (right after the others mapped them)
+print(json.dumps({"checks": checks, "released": gone, "ddp_segments": len(mapped()) - base,
+                  "in_dev_shm": sorted(f for f in os.listdir("/dev/shm") if f.startswith("cyxwiz"))}), flush=True)
+D.finalize()
+'''
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_shared_buffers_reduce_where_they_lie(ranks, world):
+    results = ranks.run(SHARED, world, timeout=240)
+    for rep in reports(ranks, results):
+        assert "failed" not in rep, rep
+        assert rep["checks"] >= 8 * 2 * 3 * 3, rep
+        assert rep["released"], "the segments of dropped shared buffers are still mapped"
+        assert rep["ddp_segments"] >= world and rep["ddp_segments"] % world == 0, rep
+        assert rep["in_dev_shm"] == [], rep
+
+
+SHARED_MISMATCH = r'''
+import json, sys
+import numpy as np
+import pycyxwiz as cx
+D = cx.distributed
+D.init()
+s = D._shared_zeros(np.zeros(100000, np.float32))
+x = s if D.get_rank() == 0 else np.zeros(100000, np.float32)
+try:
+    D.all_reduce(x)
+    print(json.dumps({"error": None}))
+except D.DistError as e:
+    print(json.dumps({"error": type(e).__name__, "msg": str(e)}))
+'''
+
+
+def test_a_shared_buffer_on_one_rank_and_private_memory_on_another_is_a_mismatch(ranks):
+    results = ranks.run(SHARED_MISMATCH, 2, timeout=60)
+    reps = reports(ranks, results)
+    for rep in reps:
+        assert rep["error"] == "DistBackendError", rep
+    assert any("mismatch" in rep["msg"] and "shared buffer 1" in rep["msg"] for rep in reps), reps
+
+
+FULL_DEV_SHM = r'''
+import json, os
+import numpy as np
+import pycyxwiz as cx
+D = cx.distributed
+D.init()
+x = D._shared_zeros(np.zeros(3 << 20, np.float32))  # 12 MiB a rank: two do not fit a 16 MiB /dev/shm
+x[:] = D.get_rank() + 1
+D.all_reduce(x)
+print(json.dumps({"rank": D.get_rank(), "sum_ok": bool((x == 3).all()), "transport": D.get_config().transport,
+                  "in_dev_shm": sorted(f for f in os.listdir("/dev/shm") if f.startswith("cyxwiz"))}), flush=True)
+D.finalize()
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="namespaces are Linux only")
+def test_shared_buffers_fall_back_to_private_memory_when_dev_shm_is_full(ranks):
+    if not _can_unshare():
+        pytest.skip("needs root and unshare(1) to give the ranks their own, small /dev/shm")
+    path = ranks.script(FULL_DEV_SHM)
+    # Both ranks on one host whose /dev/shm holds 16 MiB (a container's is often 64 MiB).
+    script = 'mount -t tmpfs -o size=16m tmpfs /dev/shm && { RANK=1 "$0" "$1" & "$0" "$1"; wait; }'
+    cmd = ["unshare", "--ipc", "--mount", "--propagation", "private", "sh", "-c", script, sys.executable, str(path)]
+    [result] = ranks.wait([ranks.popen(cmd, ranks.env(0, 2, {"CYXWIZ_LOG_LEVEL": "info"}), rank=0)], timeout=60)
+    assert result.rc == 0, ranks.report([result])
+    reps = sorted((json.loads(line) for line in result.out.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    assert [rep["rank"] for rep in reps] == [0, 1], ranks.report([result])
+    for rep in reps:
+        assert rep["sum_ok"] and rep["transport"] == "shm" and rep["in_dev_shm"] == [], rep
+    assert "stays in private memory" in result.err and "cannot reserve" in result.err, result.err

@@ -45,6 +45,8 @@ void Backend::awaitReplay(void*, const std::string&) { unsupported("CUDA graph c
 void Backend::addGraphHolder(GraphHolder*) { unsupported("CUDA graph capture"); }
 void Backend::removeGraphHolder(GraphHolder*) {}
 
+Tensor Backend::sharedZeros(int64_t elements, DType dtype) { return Tensor::zeros({elements}, dtype); }
+
 bool Backend::allAgree(bool ok) {
   Tensor flag = Tensor::zeros({1}, DType::Int32);
   *static_cast<int32_t*>(flag.rawData()) = ok ? 1 : 0;

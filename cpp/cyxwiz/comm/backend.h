@@ -95,6 +95,11 @@ class Backend {
   virtual void removeGraphHolder(GraphHolder* holder);
   // True when every rank passes `ok` (a host all_reduce, bounded by DISTRIBUTED_TIMEOUT_MS).
   virtual bool allAgree(bool ok);
+  // A zeroed 1-D buffer for data this rank all-reduces again and again (DDP's gradient buckets). The
+  // CPU backend on one host puts it in memory the other ranks map, so that all_reduce of the whole
+  // buffer reads the peers' data where it lies; elsewhere (and by default) it is ordinary memory.
+  // Collective: every rank calls it in the same order with the same size.
+  virtual Tensor sharedZeros(int64_t elements, DType dtype);
 
  protected:
   [[noreturn]] void unsupported(const char* collective) const;

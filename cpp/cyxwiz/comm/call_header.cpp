@@ -14,6 +14,7 @@ void encodeCall(const CallSignature& c, uint8_t out[kCallHeaderBytes]) {
   out[5] = static_cast<uint8_t>(c.op);
   out[6] = static_cast<uint8_t>(c.dtype);
   put<uint32_t>(out, 8, c.root);
+  put<uint32_t>(out, 12, c.buffer);
   put<uint64_t>(out, 16, c.count);
   put<uint64_t>(out, 24, c.sequence);
 }
@@ -24,6 +25,7 @@ bool decodeCall(const uint8_t in[kCallHeaderBytes], CallSignature* c) {
   c->op = static_cast<ReduceOp>(in[5]);
   c->dtype = static_cast<DType>(in[6]);
   c->root = get<uint32_t>(in, 8);
+  c->buffer = get<uint32_t>(in, 12);
   c->count = get<uint64_t>(in, 16);
   c->sequence = get<uint64_t>(in, 24);
   return true;

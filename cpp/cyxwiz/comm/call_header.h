@@ -1,6 +1,6 @@
 // The call header: the first 32 bytes of every collective, little-endian, saying what the sender is
-// running (collective, op, dtype, root, count, sequence). Each transport carries it its own way (the
-// TCP ring's first step, tcp/ring.h; the shared segment's control block, shm/group.h) and the
+// running (collective, op, dtype, root, shared buffer, count, sequence). Each transport carries it its
+// own way (the ring's first step, ring.h; the shared segment's control block, shm/group.h) and the
 // receiver compares it with its own call, so ranks that disagree get an error, never wrong numbers.
 #pragma once
 

@@ -27,6 +27,7 @@ const char* collectiveName(Collective c) {
     case Collective::Gather: return "gather";
     case Collective::Scatter: return "scatter";
     case Collective::AllToAll: return "all_to_all";
+    case Collective::ShareBuffer: return "share_buffer";
   }
   return "unknown collective";
 }
@@ -42,6 +43,7 @@ std::string CallSignature::describe() const {
   if (collective == Collective::Broadcast || collective == Collective::Scatter) s += makeString(", src ", root);
   if (collective == Collective::Gather) s += makeString(", dst ", root);
   if (collective == Collective::Send || collective == Collective::Recv) s += makeString(", tag ", tag);
+  if (buffer != 0) s += makeString(", shared buffer ", buffer);
   return s + ")";
 }
 

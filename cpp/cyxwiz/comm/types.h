@@ -15,7 +15,9 @@ enum class Collective : uint8_t {
   // Point-to-point (not collectives: only the two ranks take part; numbered on their own).
   Send = 6, Recv = 7,
   // Collectives whose messages travel over point-to-point links (cpu/peer_collectives.cpp).
-  Gather = 8, Scatter = 9, AllToAll = 10
+  Gather = 8, Scatter = 9, AllToAll = 10,
+  // Makes a buffer in memory every rank of a host maps (Backend::sharedZeros).
+  ShareBuffer = 11
 };
 
 // The peer of a recv that takes a message from whichever rank sends first.
@@ -33,10 +35,13 @@ struct CallSignature {
   uint32_t root = 0;     // broadcast source; the peer of a send/recv (kAnySource); 0 otherwise
   int64_t tag = 0;       // send/recv only (not on the wire of a collective)
   uint64_t sequence = 0; // position in this rank's issue order, from 1
+  // The shared buffer (Backend::sharedZeros) the call covers whole, numbered in the order the ranks
+  // made them; 0: private memory. Peers then read the data where it is (window_collectives.h).
+  uint32_t buffer = 0;
 
   bool operator==(const CallSignature& o) const {
     return collective == o.collective && op == o.op && dtype == o.dtype && count == o.count && root == o.root &&
-           sequence == o.sequence;
+           sequence == o.sequence && buffer == o.buffer;
   }
   bool operator!=(const CallSignature& o) const { return !(*this == o); }
   std::string describe() const;

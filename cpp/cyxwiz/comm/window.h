@@ -34,6 +34,9 @@ class Window {
   virtual const uint8_t* half(int member, int h) const = 0;
   // This member has read the peers' half h of the current round.
   virtual void doneReading(int h) = 0;
+  // Member `member`'s copy of shared buffer `buffer` (CallSignature::buffer) as mapped here, or null
+  // when there is none: then the data must travel through the halves.
+  virtual const uint8_t* shared(int member, uint32_t buffer) const = 0;
 };
 
 }  // namespace cyxwiz::comm

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "cyxwiz/comm/reduce.h"
 #include "cyxwiz/common/error.h"
@@ -14,6 +15,7 @@ void WindowCollectives::allReduce(void* data, size_t count, DType dtype, ReduceO
   if (bytes <= std::min(kSmallBytes, w_.halfBytes()) || count < static_cast<size_t>(w_.size())) {
     return allReduceSmall(d, count, dtype, op);
   }
+  if (call_.buffer != 0) return allReduceShared(d, count, dtype, op);
   const size_t chunk = w_.halfBytes() / esz;
   for (size_t at = 0; at < count; at += chunk) allReduceChunk(d + at * esz, std::min(chunk, count - at), dtype, op);
 }
@@ -32,6 +34,53 @@ void WindowCollectives::allReduceSmall(uint8_t* d, size_t count, DType dtype, Re
   for (int r = 1; r < w_.size(); ++r) reduceInto(d, w_.half(r, h), count, dtype, op);
   w_.doneReading(h);
   if (op == ReduceOp::Avg) finishAverage(d, count, dtype, w_.size());
+}
+
+void WindowCollectives::allReduceShared(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
+  const size_t esz = itemSize(dtype);
+  const int n = w_.size(), me = w_.me();
+  std::vector<const uint8_t*> of(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    of[static_cast<size_t>(r)] = w_.shared(r, call_.buffer);
+    if (of[static_cast<size_t>(r)] == nullptr) {
+      throw BackendError(makeString("[rank ", w_.rank(me), "] ", call_.describe(), ": shared buffer ", call_.buffer,
+                                    " is not mapped here"));
+    }
+  }
+  // Windows as allReduceChunk's chunks, parts within them as its parts: the same bits. Window k's
+  // reduced parts are copied in the round that reduces window k+1, while they are still in cache.
+  // A round writes our part of one window and the others' parts of the one before, and reads the
+  // others' buffers only where they do not write in that round.
+  const size_t window = w_.halfBytes() / esz;
+  const size_t windows = (count + window - 1) / window;
+  auto part = [&](size_t k, int r) { return (k * window + partBegin(std::min(window, count - k * window), n, r)) * esz; };
+  w_.arrive();  // every member's buffer holds its input
+  for (size_t k = 0; k <= windows; ++k) {
+    if (k < windows) reduceShared(of, d, part(k, me), part(k, me + 1), dtype, op);
+    if (k > 0) {
+      for (int r = 0; r < n; ++r) {
+        if (r != me) std::memcpy(d + part(k - 1, r), of[static_cast<size_t>(r)] + part(k - 1, r), part(k - 1, r + 1) - part(k - 1, r));
+      }
+    }
+    w_.arrive();  // the last also keeps every member from changing its buffer while a peer copies from it
+  }
+}
+
+void WindowCollectives::reduceShared(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last,
+                                     DType dtype, ReduceOp op) {
+  // In rank order, a cache-sized piece at a time through a buffer placed half a page away from d
+  // (see Group::place).
+  constexpr size_t kPiece = 64 * 1024;
+  const size_t esz = itemSize(dtype);
+  thread_local std::vector<uint8_t> space(kPiece + 8192);
+  uint8_t* tmp = space.data() + (reinterpret_cast<uintptr_t>(d) + 2048 - reinterpret_cast<uintptr_t>(space.data())) % 4096;
+  for (size_t at = first; at < last; at += kPiece) {
+    const size_t len = std::min(kPiece, last - at), k = len / esz;
+    std::memcpy(tmp, of[0] + at, len);
+    for (size_t r = 1; r < of.size(); ++r) reduceInto(tmp, of[r] + at, k, dtype, op);
+    if (op == ReduceOp::Avg) finishAverage(tmp, k, dtype, static_cast<int>(of.size()));
+    std::memcpy(d + at, tmp, len);
+  }
 }
 
 void WindowCollectives::allReduceChunk(uint8_t* d, size_t count, DType dtype, ReduceOp op) {

@@ -13,6 +13,8 @@
 // naming the other rank's call, never wrong numbers.
 #pragma once
 
+#include <vector>
+
 #include "cyxwiz/comm/collectives.h"
 #include "cyxwiz/comm/window.h"
 
@@ -41,6 +43,12 @@ class WindowCollectives : public Collectives {
  private:
   void allReduceSmall(uint8_t* data, size_t count, DType dtype, ReduceOp op);
   void allReduceChunk(uint8_t* data, size_t count, DType dtype, ReduceOp op);
+  // The call covers a shared buffer (CallSignature::buffer): each member reduces its part reading the
+  // others' buffers where they lie, then copies the others' reduced parts: no copy into the halves.
+  void allReduceShared(uint8_t* data, size_t count, DType dtype, ReduceOp op);
+  // Bytes [first, last) of the shared buffers `of` reduced in rank order into d.
+  static void reduceShared(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last, DType dtype,
+                           ReduceOp op);
 
   Window& w_;
   CallSignature call_;

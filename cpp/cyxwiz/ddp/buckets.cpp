@@ -2,7 +2,8 @@
 
 namespace cyxwiz::ddp {
 
-GradientBuckets::GradientBuckets(nn::SequentialModel& model, size_t capBytes, size_t firstCapBytes) {
+GradientBuckets::GradientBuckets(nn::SequentialModel& model, size_t capBytes, size_t firstCapBytes,
+                                 const std::function<Tensor(int64_t)>& allocate) {
   // A module's parameters become ready together (its backward reports them at once), so they share
   // a bucket. Modules are assigned in reverse order; one that would take its bucket past the cap
   // starts a new one, so a small last layer is not held back by a large layer before it, and a
@@ -34,7 +35,7 @@ GradientBuckets::GradientBuckets(nn::SequentialModel& model, size_t capBytes, si
     for (nn::Module* m : group) {
       for (nn::Parameter* p : m->parameters()) elements += p->value.numel();
     }
-    b.storage = Tensor::zeros({elements}, DType::Float32, model.device());
+    b.storage = allocate(elements);
     int64_t offset = 0;
     for (nn::Module* m : group) {
       for (nn::Parameter* p : m->parameters()) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -28,7 +29,10 @@ struct Bucket {
 
 class GradientBuckets {
  public:
-  GradientBuckets(nn::SequentialModel& model, size_t capBytes, size_t firstCapBytes);
+  // allocate(n): a bucket's zeroed float32 storage of n elements (on the model's device), memory
+  // the backend may share with the other ranks (Backend::sharedZeros).
+  GradientBuckets(nn::SequentialModel& model, size_t capBytes, size_t firstCapBytes,
+                  const std::function<Tensor(int64_t)>& allocate);
 
   std::vector<Bucket>& buckets() { return buckets_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }

@@ -64,7 +64,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
     if (config.broadcastParameters) broadcastParameters();
   }
   const size_t cap = static_cast<size_t>(config.bucketSizeMb * kMiB);
-  buckets_ = std::make_unique<GradientBuckets>(*model_, std::max<size_t>(cap, 1), std::min(cap, kFirstBucketCap));
+  // On the CPU the buckets may live in memory the other ranks of the host map: all_reduce then reads
+  // them where they lie. Every rank makes the same buckets in the same order (same architecture).
+  const Device device = model_->device();
+  const bool shared = device.type == DeviceType::CPU && worldSize() > 1;
+  buckets_ = std::make_unique<GradientBuckets>(
+      *model_, std::max<size_t>(cap, 1), std::min(cap, kFirstBucketCap), [&](int64_t elements) {
+        return shared ? backend_->sharedZeros(elements, DType::Float32) : Tensor::zeros({elements}, DType::Float32, device);
+      });
   for (const auto& m : model_->modules()) {
     m->setGradReadyHook([this](nn::Module& module) { onGradsReady(module); });
   }

@@ -47,7 +47,7 @@ from .._core.distributed import (  # noqa: F401
     send,
 )
 from .._core.distributed import DistributedTrainer as _CoreTrainer
-from .._core.distributed import _all_to_all, _gather, _scatter
+from .._core.distributed import _all_to_all, _gather, _scatter, _shared_zeros  # noqa: F401
 from .._core.distributed import _Group  # noqa: F401 - a communicator of its own, for pycyxwiz.torch
 from .._progress import ProgressPrinter as _ProgressPrinter
 from ._spawn import SpawnError, spawn  # noqa: F401

@@ -366,9 +366,33 @@ std::shared_ptr<Work> CpuBackend::allReduce(const Tensor& data, ReduceOp op, boo
   }
   requireCpu(data, "all_reduce");
   checkReduceOp(op, data.dtype());
-  return submit(callSignature(Collective::AllReduce, data, op), async, [data, op](Collectives& ring) {
+  CallSignature call = callSignature(Collective::AllReduce, data, op);
+  if (shm_) call.buffer = shm_->buffers.find(data.rawData(), data.nbytes(), shm_->me());
+  return submit(call, async, [data, op](Collectives& ring) {
     ring.allReduce(data.rawData(), static_cast<size_t>(data.numel()), data.dtype(), op);
   });
+}
+
+Tensor CpuBackend::sharedZeros(int64_t elements, DType dtype) {
+  // Only the direct algorithms on one host read shared buffers where they lie.
+  if (!shm_ || hosts_ != 1 || shmRing_ || elements <= 0) return Backend::sharedZeros(elements, dtype);
+  CallSignature call;
+  call.collective = Collective::ShareBuffer;
+  call.dtype = dtype;
+  call.count = static_cast<uint64_t>(elements);
+  std::shared_ptr<shm::SharedBuffer> buffer;
+  std::string why;
+  const size_t bytes = static_cast<size_t>(elements) * itemSize(dtype);
+  submit(call, false, [&](Collectives& local) {
+    buffer = shm_->buffers.make(local, shm_->size(), shm_->me(), bytes, &why);
+  })->wait();
+  if (!buffer) {
+    logInfo(makeString("a buffer of ", bytes, " bytes stays in private memory (all_reduce copies it "
+                       "through the shared slots): ", why));
+    return Backend::sharedZeros(elements, dtype);
+  }
+  uint8_t* data = buffer->segments[static_cast<size_t>(shm_->me())].data();
+  return Tensor::fromExternal(data, {elements}, dtype, std::move(buffer));
 }
 
 std::shared_ptr<Work> CpuBackend::broadcast(const Tensor& data, int src, bool async) {

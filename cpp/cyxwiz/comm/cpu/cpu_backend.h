@@ -45,6 +45,7 @@ class CpuBackend final : public Backend {
 
   std::string name() const override { return "cpu"; }
   std::shared_ptr<Work> allReduce(const Tensor& data, ReduceOp op, bool async) override;
+  Tensor sharedZeros(int64_t elements, DType dtype) override;
   std::shared_ptr<Work> broadcast(const Tensor& data, int src, bool async) override;
   std::shared_ptr<Work> allGather(const Tensor& in, const Tensor& out, bool async) override;
   std::shared_ptr<Work> reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cyxwiz/comm/call_header.h"
+#include "cyxwiz/comm/shm/buffers.h"
 #include "cyxwiz/comm/shm/segment.h"
 
 namespace cyxwiz::comm::shm {
@@ -72,6 +73,7 @@ class Group {
   uint32_t readDone[2] = {0, 0};      // every peer at this phase has finished reading my half h
   uint64_t rounds = 0;                // round r writes half r & 1
   bool checkPids = false;             // the peers' pids mean something here (same pid namespace)
+  SharedBuffers buffers;              // made by sharedZeros, read by all_reduce
 
  private:
   Segment segment_;

@@ -160,4 +160,10 @@ void Window::checkWhileWaiting(int peer, uint32_t phase, Deadline deadline) {
   }
 }
 
+const uint8_t* Window::shared(int member, uint32_t buffer) const {
+  // The caller's Tensor keeps the buffer alive for the call.
+  auto b = g_.buffers.get(buffer);
+  return b ? b->segments[static_cast<size_t>(member)].data() : nullptr;
+}
+
 }  // namespace cyxwiz::comm::shm

@@ -38,6 +38,7 @@ class Window final : public comm::Window {
   void arrive() override;
   const uint8_t* half(int member, int h) const override { return g_.half(member, h); }
   void doneReading(int h) override { g_.readDone[h] = g_.phase + 1; }
+  const uint8_t* shared(int member, uint32_t buffer) const override;
   // The call, for messages.
   std::string what() const { return work_.description(); }
 
