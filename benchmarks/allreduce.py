@@ -13,6 +13,8 @@ Backends (--backends; default all, in this order, which is also the order of the
                                   ranks reported
   mpi-shm       "Open MPI shm"    mpirun --mca pml ob1 --mca btl vader,self ("sm" instead of "vader" where
                                   ompi_info lists no vader, as in Open MPI 5)
+  pycyxwiz-shared "pycyxwiz shared" as pycyxwiz, each rank's array made by cx.distributed._shared_zeros (how
+                                  DDP makes its gradient buckets): all_reduce reads the peers' arrays where they lie
   pycyxwiz-tcp  "pycyxwiz TCP"    cx.distributed with CYXWIZ_TRANSPORT=tcp in the ranks (the TCP ring)
   mpi           "Open MPI TCP"    mpirun --mca pml ob1 --mca btl tcp,self (loopback)
   gloo          "Gloo"            torch.distributed backend "gloo" (TCP loopback)
@@ -57,8 +59,8 @@ from allreduce_report import fmt_bw, legend  # noqa: E402
 
 WORKER = os.path.join(HERE, "allreduce_worker.py")
 ALL_BACKENDS = list(BACKENDS)
-LIBRARY = {"pycyxwiz": "pycyxwiz", "pycyxwiz-tcp": "pycyxwiz", "gloo": "gloo", "mpi": "mpi", "mpi-shm": "mpi"}
-CYXWIZ_FAMILY = ("pycyxwiz", "pycyxwiz-tcp")  # pycyxwiz itself: its failure sets the exit status
+LIBRARY = {"pycyxwiz": "pycyxwiz", "pycyxwiz-shared": "pycyxwiz", "pycyxwiz-tcp": "pycyxwiz", "gloo": "gloo", "mpi": "mpi", "mpi-shm": "mpi"}
+CYXWIZ_FAMILY = ("pycyxwiz", "pycyxwiz-shared", "pycyxwiz-tcp")  # pycyxwiz itself: its failure sets the exit status
 MPIRUN_TCP = ["--allow-run-as-root", "--bind-to", "none", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
               "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
 
@@ -194,7 +196,7 @@ def availability(v):
     p = v["pycyxwiz"]
     why["pycyxwiz"] = (f"import pycyxwiz failed: {p['error']}" if "error" in p else
                        None if p.get("distributed") else "this pycyxwiz has no cx.distributed.all_reduce")
-    why["pycyxwiz-tcp"] = why["pycyxwiz"]
+    why["pycyxwiz-tcp"] = why["pycyxwiz-shared"] = why["pycyxwiz"]
     t = v["torch"]
     why["gloo"] = (f"import torch failed: {t['error']} (pip install torch)" if "error" in t else
                    None if t.get("gloo") else "torch.distributed has no Gloo backend")
@@ -341,12 +343,14 @@ def launch_once(backend, world, sizes, args, tmp, cpus):
     port = free_port()
     env = dict(os.environ)
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "CYXWIZ_TRANSPORT"):
+              "CYXWIZ_TRANSPORT", "CYXWIZ_BENCH_SHARED"):
         env.pop(k, None)
     env.update(CYXWIZ_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if backend == "pycyxwiz-tcp":
         env["CYXWIZ_TRANSPORT"] = "tcp"  # "pycyxwiz" runs with it unset: auto, shared memory on one host
+    if backend == "pycyxwiz-shared":
+        env["CYXWIZ_BENCH_SHARED"] = "1"  # the worker's arrays come from _shared_zeros
     wcmd = [sys.executable, "-u", WORKER, "--backend", LIBRARY[backend], "--sizes", ",".join(map(str, sizes)),
             "--seconds", str(args.seconds), "--max-iters", str(args.max_iters), "--min-iters", str(args.min_iters),
             "--warmup", str(args.warmup)]
@@ -654,7 +658,7 @@ def main(argv=None):
         for note in r["notes"]:
             problems.append(f"- {tagr}: {note[:800]}")
         got = (r.get("ready") or {}).get("transport")
-        want = {"pycyxwiz": "shm", "pycyxwiz-tcp": "tcp"}.get(r["backend"])
+        want = {"pycyxwiz": "shm", "pycyxwiz-shared": "shm", "pycyxwiz-tcp": "tcp"}.get(r["backend"])
         if got and want and got != want:
             problems.append(f"- {tagr}: the ranks reported transport {got}, not {want}")
     if problems:

@@ -11,14 +11,17 @@ Backends, in the default order of the run and of the table columns (shared memor
 import statistics
 import textwrap
 
-BACKENDS = ["pycyxwiz", "mpi-shm", "pycyxwiz-tcp", "mpi", "gloo"]
-LABEL = {"pycyxwiz": "pycyxwiz", "mpi-shm": "Open MPI shm", "pycyxwiz-tcp": "pycyxwiz TCP",
+BACKENDS = ["pycyxwiz", "pycyxwiz-shared", "mpi-shm", "pycyxwiz-tcp", "mpi", "gloo"]
+LABEL = {"pycyxwiz": "pycyxwiz", "pycyxwiz-shared": "pycyxwiz shared", "mpi-shm": "Open MPI shm",
+         "pycyxwiz-tcp": "pycyxwiz TCP",
          "mpi": "Open MPI TCP", "gloo": "Gloo"}
 # Ratio columns "A/B" = B's time / A's time: pycyxwiz (auto, shared memory) against every other backend,
 # then pycyxwiz's TCP ring against the two TCP libraries (the comparison of the earlier, TCP-only results).
-RATIOS = [("pycyxwiz", "mpi-shm"), ("pycyxwiz", "pycyxwiz-tcp"), ("pycyxwiz", "mpi"), ("pycyxwiz", "gloo"),
+RATIOS = [("pycyxwiz", "mpi-shm"), ("pycyxwiz-shared", "pycyxwiz"), ("pycyxwiz-shared", "mpi-shm"),
+          ("pycyxwiz", "pycyxwiz-tcp"), ("pycyxwiz", "mpi"), ("pycyxwiz", "gloo"),
           ("pycyxwiz-tcp", "mpi"), ("pycyxwiz-tcp", "gloo")]
-COLORS = {"pycyxwiz": "tab:red", "mpi-shm": "tab:purple", "pycyxwiz-tcp": "tab:orange", "mpi": "tab:green",
+COLORS = {"pycyxwiz": "tab:red", "pycyxwiz-shared": "tab:brown", "mpi-shm": "tab:purple",
+          "pycyxwiz-tcp": "tab:orange", "mpi": "tab:green",
           "gloo": "tab:blue"}
 
 

@@ -5,8 +5,9 @@
     mpirun -np 2 ... python benchmarks/allreduce_worker.py --backend mpi --sizes 4096 --seconds 2
 
 The driver (benchmarks/allreduce.py) starts these processes; run by hand only to debug one library.
-Its backends "pycyxwiz-tcp" and "mpi-shm" run this code as "pycyxwiz" and "mpi": only the environment
-(CYXWIZ_TRANSPORT=tcp) or mpirun's flags (--mca btl vader,self) differ.
+Its backends "pycyxwiz-tcp", "pycyxwiz-shared" and "mpi-shm" run this code as "pycyxwiz" and "mpi": only
+the environment (CYXWIZ_TRANSPORT=tcp; CYXWIZ_BENCH_SHARED=1: arrays from _shared_zeros) or mpirun's
+flags (--mca btl vader,self) differ.
 
 Per size (float32, SUM, in place):
   1. one checked call: rank r fills its array with r + 1; every element must come back N(N+1)/2;
@@ -59,6 +60,12 @@ class PycyxwizComm:
                      "config": repr(config), "transport": self.transport,
                      "CYXWIZ_TRANSPORT": os.environ.get("CYXWIZ_TRANSPORT"),
                      "CYXWIZ_RING_SLICE_BYTES": os.environ.get("CYXWIZ_RING_SLICE_BYTES")}
+
+    def array(self, n):
+        # pycyxwiz-shared: memory the ranks of the host map, as DDP's gradient buckets are.
+        if os.environ.get("CYXWIZ_BENCH_SHARED"):
+            return self.dist._shared_zeros(np.empty(n, np.float32))
+        return np.empty(n, np.float32)
 
     def all_reduce(self, x):
         self.dist.all_reduce(x)
@@ -144,7 +151,8 @@ class MpiComm:
 def measure(comm, nbytes, args):
     n_el = nbytes // 4
     N, r = comm.size, comm.rank
-    x = np.full(n_el, r + 1, dtype=np.float32)
+    x = comm.array(n_el) if hasattr(comm, "array") else np.empty(n_el, np.float32)
+    x.fill(r + 1)
     comm.all_reduce(x)
     expect = N * (N + 1) / 2
     bad = int(np.count_nonzero(x != expect))
