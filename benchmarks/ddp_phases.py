@@ -3,13 +3,16 @@ all_reduce of the same bytes in the same processes.
 
     python benchmarks/ddp_phases.py                      # 2 ranks, 784-4096-4096-10, 30 timed steps
     python benchmarks/ddp_phases.py --sizes 784 256 10 --ranks 2 --steps 200
+    python benchmarks/ddp_phases.py --flush       # no-comm also all-reduces as many bytes before its update
 
 Per rank, median ms of: forward, backward, sync (ddp.sync_gradients: the bucket all-reduces when they
 are not overlapped with backward), update (ddp.update_parameters after the sync: the optimizer and
 zeroing the gradients); the no-communication step runs the model's own forward, backward, optimizer
 step and zero_grad in the same ranks (their rounds alternate); then an all_reduce (AVG) of as many
 float32 as the model has parameters, alone. If sync is close to that all_reduce, DDP adds nothing of its
-own beyond the reduction; the rest of the gap is the reduction itself. One thread per rank.
+own beyond the reduction; the rest of the gap is the reduction itself. With --flush the no-comm step
+all-reduces an unrelated buffer of the same size (its "sync") before its optimizer step: if its update
+then slows as DDP's does, the difference was the caches the exchange evicted, not DDP. One thread per rank.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pycyxwiz as cx  # noqa: E402
 from mlp import build_cx  # noqa: E402 - the MLP, its loss and Adam, as the other benchmarks build them
 
 
-def rank_main(local_rank, sizes, steps, rounds):
+def rank_main(local_rank, sizes, steps, rounds, flush=False):
     D = cx.distributed
     D.init()
     r = D.get_rank()
@@ -54,10 +57,14 @@ def rank_main(local_rank, sizes, steps, rounds):
         t1 = time.perf_counter()
         plain.backward(loss.backward(out, y))
         t2 = time.perf_counter()
+        if flush:
+            D.all_reduce(other, op=D.ReduceOp.AVG)
+        t3 = time.perf_counter()
         opt_plain.step(plain)
         plain.zero_grad()
-        return t1 - t0, t2 - t1, 0.0, time.perf_counter() - t2
+        return t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3
 
+    other = np.ones(plain.num_parameters(), np.float32)  # --flush: as many bytes as the gradients
     times = {"ddp": [], "no-comm": []}
     for _ in range(rounds):
         for name, step in (("ddp", ddp_step), ("no-comm", plain_step)):
@@ -89,8 +96,10 @@ def main():
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of each kind of step")
+    p.add_argument("--flush", action="store_true",
+                   help="the no-comm step all-reduces a buffer of the gradients' size before its update")
     a = p.parse_args()
-    results = cx.distributed.spawn(rank_main, (a.sizes, a.steps, a.rounds), nprocs=a.ranks, timeout=1800)
+    results = cx.distributed.spawn(rank_main, (a.sizes, a.steps, a.rounds, a.flush), nprocs=a.ranks, timeout=1800)
     model = "-".join(map(str, a.sizes))
     print(f"{model}, {a.ranks} ranks, transport {results[0]['transport']}, median ms per rank "
           f"(all_reduce: {results[0]['bytes'] / 1e6:.1f} MB of float32, AVG)\n")
