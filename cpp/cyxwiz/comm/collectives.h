@@ -1,5 +1,5 @@
-// Collectives: what an algorithm over one transport offers the backend. The TCP ring (tcp/ring.h)
-// and the algorithms over a shared-memory window (window_collectives.h) implement it; the
+// Collectives: what an algorithm over one transport offers the backend. The ring (ring.h, over TCP or
+// shared-memory Links) and the algorithms over a shared-memory window (window_collectives.h) implement it; the
 // hierarchical all-reduce (hierarchical.h) composes them through it; CpuBackend queues calls
 // against it and never cares which one runs them.
 #pragma once
