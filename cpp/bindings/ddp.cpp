@@ -67,11 +67,17 @@ void init_ddp(py::module_& d) {
       .def_readwrite("check_gradients", &DDPConfig::checkGradients,
                      "Compare gradient and parameter checksums across ranks at every update and warn when they differ "
                      "(also CYXWIZ_DDP_CHECK_GRADIENTS=1). Costs one small all-gather per step.")
+      .def_readwrite("shard_optimizer", &DDPConfig::shardOptimizer,
+                     "Shard the optimizer step across ranks, as ZeRO stage 1 (also CYXWIZ_DDP_SHARD_OPTIMIZER=1; CPU "
+                     "backend): gradients are reduce-scattered, each rank updates and keeps optimizer state for 1/N of "
+                     "every bucket, the parameters are all-gathered. Save the optimizer with "
+                     "ddp.optimizer_state_dict(optimizer).")
       .def("__repr__", [](const DDPConfig& c) {
         return makeString("DDPConfig(broadcast_parameters=", c.broadcastParameters ? "True" : "False",
                           ", bucket_size_mb=", c.bucketSizeMb, ", find_unused_parameters=",
                           c.findUnusedParameters ? "True" : "False", ", check_gradients=",
-                          c.checkGradients ? "True" : "False", ")");
+                          c.checkGradients ? "True" : "False", ", shard_optimizer=",
+                          c.shardOptimizer ? "True" : "False", ")");
       });
 
   py::class_<NoSync>(d, "_NoSync")
@@ -121,6 +127,16 @@ all-reduce runs in the background.)doc")
       .def("no_sync", [](DistributedDataParallel& self) { return NoSync{self}; }, py::keep_alive<0, 1>(),
            "Context manager: backward only accumulates locally inside it; the first backward after it averages the sum.")
       .def("zero_grad", &DistributedDataParallel::zeroGrad, py::call_guard<BlockingCall>())
+      .def("optimizer_state_dict", [](DistributedDataParallel& self, const nn::Optimizer& optimizer) {
+        nn::OptimizerState state;
+        { BlockingCall unlocked; state = self.optimizerState(optimizer); }
+        return bindings::stateDict(state);
+      }, py::arg("optimizer"),
+         "optimizer.state_dict() with the shards of a sharded step (shard_optimizer=True) put together from every "
+         "rank: a collective, every rank calls it. Without sharding, the same as optimizer.state_dict().")
+      .def_property_readonly("shard_optimizer", &DistributedDataParallel::shardsOptimizer,
+                             "True when the optimizer step is sharded across ranks (DDPConfig.shard_optimizer, world "
+                             "size > 1).")
       .def("parameters", [](const DistributedDataParallel& self) {
         py::list out;
         for (nn::Parameter* p : self.parameters()) out.append(toNumpy(p->value));

@@ -6,6 +6,7 @@
 
 #include <optional>
 
+#include "cyxwiz/nn/optimizer.h"
 #include "cyxwiz/tensor/tensor.h"
 
 namespace cyxwiz::bindings {
@@ -36,6 +37,8 @@ Tensor inplaceTensor(py::handle obj, const char* what, std::optional<DType> as =
 Tensor inputTensor(py::handle obj, const char* what, std::optional<DType> as = std::nullopt);
 // A collective's dtype= keyword: None, or "bfloat16".
 std::optional<DType> dtypeOverride(py::handle dtype, const char* what);
+// Optimizer.state_dict()'s form of an OptimizerState: floats for scalars, arrays for buffers (optim.cpp).
+py::dict stateDict(const nn::OptimizerState& state);
 // The numpy dtype of a DType; bfloat16 is uint16 (its bits: numpy has no bfloat16).
 py::dtype numpyDType(DType dtype);
 // A new numpy array of `shape` and the tensor dtype, and a Tensor over it.

@@ -10,6 +10,15 @@
 namespace py = pybind11;
 using namespace cyxwiz::nn;
 
+namespace cyxwiz::bindings {
+py::dict stateDict(const OptimizerState& state) {
+  py::dict out;
+  for (const auto& [key, value] : state.scalars) out[py::str(key)] = value;
+  for (const auto& [key, tensor] : state.tensors) out[py::str(key)] = toNumpy(tensor);
+  return out;
+}
+}  // namespace cyxwiz::bindings
+
 void init_optim(py::module_& m) {
   py::class_<Optimizer, std::shared_ptr<Optimizer>>(m, "Optimizer", "Base class of the optimizers.")
       .def("step", &Optimizer::step, py::arg("model"), py::call_guard<cyxwiz::bindings::BlockingCall>(),
@@ -24,10 +33,7 @@ void init_optim(py::module_& m) {
           cyxwiz::bindings::BlockingCall unlocked;  // GPU buffers: waits for the step that writes them
           state = self.state();
         }
-        py::dict out;
-        for (const auto& [key, value] : state.scalars) out[py::str(key)] = value;
-        for (const auto& [key, tensor] : state.tensors) out[py::str(key)] = cyxwiz::bindings::toNumpy(tensor);
-        return out;
+        return cyxwiz::bindings::stateDict(state);
       }, "Step count, hyper-parameters and per-parameter buffers (copies).")
       .def("load_state_dict", [](Optimizer& self, const py::dict& d) {
         OptimizerState state;

@@ -156,6 +156,23 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(ranks, how):
     assert leftovers(ranks.tmp_path) == []
 
 
+@pytest.mark.parametrize("first,resumed", [("1", "1"), ("1", "0"), ("0", "1")],
+                         ids=["sharded-sharded", "sharded-plain", "plain-sharded"])
+def test_sharded_optimizer_state_resumes_bit_identically(ranks, first, resumed):
+    """CYXWIZ_DDP_SHARD_OPTIMIZER=1: the checkpoint holds the whole optimizer state put together from
+    the ranks' shards, and a job loads it whether or not it shards its step. The oracle is the plain
+    (unsharded) run that never stopped: at 2 ranks on one host a sharded step gives the same bits."""
+    shard = "CYXWIZ_DDP_SHARD_OPTIMIZER"
+    run(ranks, RESUME, 2, env={"MODE": "full", "HOW": "load_checkpoint", shard: "0"})
+    run(ranks, RESUME, 2, env={"MODE": "first", "HOW": "load_checkpoint", shard: first})
+    run(ranks, RESUME, 2, env={"MODE": "resume", "HOW": "load_checkpoint", shard: resumed})
+    full, again = outputs(ranks.tmp_path, "full", 2), outputs(ranks.tmp_path, "resume", 2)
+    assert_same(again, "digest", "history")
+    assert again[0]["history"]["start_epoch"] == 2
+    assert_same_run(again[0], full[0], f"2 epochs (shard={first}) + load_checkpoint + 2 epochs (shard={resumed}) "
+                                       "vs 4 plain epochs")
+
+
 FRESH = PRELUDE + r'''
 D.init()
 X, y = blobs(200, seed=1)

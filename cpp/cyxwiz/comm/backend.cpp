@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "cyxwiz/comm/collectives.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 
@@ -44,6 +45,41 @@ void Backend::computeWaitsForCollectives() { unsupported("CUDA graph capture"); 
 void Backend::awaitReplay(void*, const std::string&) { unsupported("CUDA graph capture"); }
 void Backend::addGraphHolder(GraphHolder*) { unsupported("CUDA graph capture"); }
 void Backend::removeGraphHolder(GraphHolder*) {}
+
+namespace {
+// Part r of `data` (numpy.array_split), as a view.
+Tensor partOf(const Tensor& data, int parts, int r) {
+  const auto count = static_cast<size_t>(data.numel());
+  const size_t first = partBegin(count, parts, r), last = partBegin(count, parts, r + 1);
+  return data.view(static_cast<int64_t>(first), {static_cast<int64_t>(last - first)});
+}
+}  // namespace
+
+std::shared_ptr<Work> Backend::reduceScatterInPlace(const Tensor& data, ReduceOp op, bool) {
+  Tensor mine = partOf(data, worldSize(), rank());
+  Tensor out = Tensor::empty(mine.shape(), data.dtype(), data.device());
+  std::shared_ptr<Work> work = reduceScatter(data, out, op, false);
+  work->wait();
+  mine.copyFrom(out);
+  return work;
+}
+
+std::shared_ptr<Work> Backend::allGatherInPlace(const Tensor& data, bool) {
+  // allGather takes equal blocks: every part padded to the first (the largest).
+  const int n = worldSize();
+  const int64_t largest = partOf(data, n, 0).numel();
+  Tensor block = Tensor::zeros({largest}, data.dtype(), data.device());
+  Tensor mine = partOf(data, n, rank());
+  block.view(0, mine.shape()).copyFrom(mine);
+  Tensor all = Tensor::empty({largest * n}, data.dtype(), data.device());
+  std::shared_ptr<Work> work = allGather(block, all, false);
+  work->wait();
+  for (int r = 0; r < n; ++r) {
+    Tensor part = partOf(data, n, r);
+    part.copyFrom(all.view(r * largest, part.shape()));
+  }
+  return work;
+}
 
 Tensor Backend::sharedZeros(int64_t elements, DType dtype) { return Tensor::zeros({elements}, dtype); }
 

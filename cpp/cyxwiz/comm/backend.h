@@ -45,6 +45,13 @@ class Backend {
   virtual std::shared_ptr<Work> allGather(const Tensor& in, const Tensor& out, bool async);
   // out: this rank's part of the reduced input (parts as numpy.array_split makes them).
   virtual std::shared_ptr<Work> reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async);
+  // The halves of an all-reduce, in place on `data`, parts as numpy.array_split makes them: after
+  // reduceScatterInPlace this rank's part holds the reduction (the other parts hold anything);
+  // allGatherInPlace gives every rank every rank's part. DDP's sharded optimizer step runs on them.
+  // The defaults go through reduceScatter and allGather with temporaries (allGather padded to the
+  // largest part).
+  virtual std::shared_ptr<Work> reduceScatterInPlace(const Tensor& data, ReduceOp op, bool async);
+  virtual std::shared_ptr<Work> allGatherInPlace(const Tensor& data, bool async);
   virtual std::shared_ptr<Work> barrier(bool async);
   // out (on `dst` only; undefined elsewhere): worldSize x in.numel() elements, rank r's at block r.
   virtual std::shared_ptr<Work> gather(const Tensor& in, const Tensor& out, int dst, bool async);

@@ -28,6 +28,8 @@ const char* collectiveName(Collective c) {
     case Collective::Scatter: return "scatter";
     case Collective::AllToAll: return "all_to_all";
     case Collective::ShareBuffer: return "share_buffer";
+    case Collective::ReduceScatterInPlace: return "reduce_scatter (in place)";
+    case Collective::AllGatherInPlace: return "all_gather (in place)";
   }
   return "unknown collective";
 }
@@ -39,7 +41,8 @@ std::string CallSignature::describe() const {
   if (collective == Collective::Recv) s += root == kAnySource ? std::string(" from any rank") : makeString(" from rank ", root);
   if (collective == Collective::AllToAll) return s + makeString(" (", dtypeName(dtype), ")");  // counts differ by rank
   s += makeString(" (", dtypeName(dtype), ", ", count, count == 1 ? " element" : " elements");
-  if (collective == Collective::AllReduce || collective == Collective::ReduceScatter) s += makeString(", ", reduceOpName(op));
+  if (collective == Collective::AllReduce || collective == Collective::ReduceScatter ||
+      collective == Collective::ReduceScatterInPlace) s += makeString(", ", reduceOpName(op));
   if (collective == Collective::Broadcast || collective == Collective::Scatter) s += makeString(", src ", root);
   if (collective == Collective::Gather) s += makeString(", dst ", root);
   if (collective == Collective::Send || collective == Collective::Recv) s += makeString(", tag ", tag);

@@ -17,7 +17,9 @@ enum class Collective : uint8_t {
   // Collectives whose messages travel over point-to-point links (cpu/peer_collectives.cpp).
   Gather = 8, Scatter = 9, AllToAll = 10,
   // Makes a buffer in memory every rank of a host maps (Backend::sharedZeros).
-  ShareBuffer = 11
+  ShareBuffer = 11,
+  // The halves of an all-reduce, in place on one buffer (DDP's sharded optimizer step).
+  ReduceScatterInPlace = 12, AllGatherInPlace = 13
 };
 
 // The peer of a recv that takes a message from whichever rank sends first.

@@ -41,14 +41,7 @@ void WindowCollectives::allReduceSmall(uint8_t* d, size_t count, DType dtype, Re
 void WindowCollectives::allReduceShared(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
   const size_t esz = itemSize(dtype);
   const int n = w_.size(), me = w_.me();
-  std::vector<const uint8_t*> of(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    of[static_cast<size_t>(r)] = w_.shared(r, call_.buffer);
-    if (of[static_cast<size_t>(r)] == nullptr) {
-      throw BackendError(makeString("[rank ", w_.rank(me), "] ", call_.describe(), ": shared buffer ", call_.buffer,
-                                    " is not mapped here"));
-    }
-  }
+  const std::vector<const uint8_t*> of = sharedBuffers();
   // Windows as allReduceChunk's chunks, parts within them as its parts: the same bits. Window k's
   // reduced parts are copied in the round that reduces window k+1, while they are still in cache.
   // A round writes our part of one window and the others' parts of the one before, and reads the
@@ -66,6 +59,18 @@ void WindowCollectives::allReduceShared(uint8_t* d, size_t count, DType dtype, R
     }
     w_.arrive();  // the last also keeps every member from changing its buffer while a peer copies from it
   }
+}
+
+std::vector<const uint8_t*> WindowCollectives::sharedBuffers() const {
+  std::vector<const uint8_t*> of(static_cast<size_t>(w_.size()));
+  for (int r = 0; r < w_.size(); ++r) {
+    of[static_cast<size_t>(r)] = w_.shared(r, call_.buffer);
+    if (of[static_cast<size_t>(r)] == nullptr) {
+      throw BackendError(makeString("[rank ", w_.rank(w_.me()), "] ", call_.describe(), ": shared buffer ", call_.buffer,
+                                    " is not mapped here"));
+    }
+  }
+  return of;
 }
 
 void WindowCollectives::reduceShared(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last,
@@ -173,6 +178,14 @@ void WindowCollectives::reduceScatterInPlace(void* data, size_t count, DType dty
   const int n = w_.size(), me = w_.me();
   const size_t first = partBegin(count, n, me), last = partBegin(count, n, me + 1);
   auto* d = static_cast<uint8_t*>(data);
+  if (call_.buffer != 0 && count * esz > w_.halfBytes()) {
+    // Our part, read from every member's buffer where it lies, in rank order: all_reduce's bits.
+    const std::vector<const uint8_t*> of = sharedBuffers();
+    w_.arrive();  // every member's buffer holds its input
+    reduceShared(of, d, first * esz, last * esz, dtype, op);
+    w_.arrive();  // no member changes its buffer while a peer still reads it
+    return;
+  }
   size_t at = 0;
   do {
     const size_t len = std::min(window, count - at);
@@ -197,6 +210,15 @@ void WindowCollectives::allGatherInPlace(void* data, size_t count, DType dtype) 
   const int n = w_.size(), me = w_.me();
   auto* d = static_cast<uint8_t*>(data);
   auto begin = [&](int r) { return partBegin(count, n, r) * esz; };
+  if (call_.buffer != 0 && count * esz > w_.halfBytes()) {
+    const std::vector<const uint8_t*> of = sharedBuffers();
+    w_.arrive();  // every member's part is in place
+    for (int r = 0; r < n; ++r) {
+      if (r != me) std::memcpy(d + begin(r), of[static_cast<size_t>(r)] + begin(r), begin(r + 1) - begin(r));
+    }
+    w_.arrive();  // no member changes its part while a peer still copies it
+    return;
+  }
   const size_t largest = begin(1) - begin(0);
   size_t at = 0;
   do {

@@ -32,9 +32,12 @@ class WindowCollectives : public Collectives {
   void allGather(const void* in, void* out, size_t bytesPerRank) override;
   void reduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override;
   // One round per window of half a slot: each rank copies in the others' parts of it and reduces its
-  // own, reading its own copy from its array (any order: only its owner computes a part).
+  // own, reading its own copy from its array (any order: only its owner computes a part). On a
+  // shared buffer larger than a half: two rounds, our part reduced from the buffers where they lie
+  // in rank order (the same bits as allReduce).
   void reduceScatterInPlace(void* data, size_t count, DType dtype, ReduceOp op) override;
-  // One round per half a slot of the largest part.
+  // One round per half a slot of the largest part. On a shared buffer larger than a half: two
+  // rounds, the others' parts copied from their buffers.
   void allGatherInPlace(void* data, size_t count, DType dtype) override;
   void barrier() override { w_.arrive(); }
   void checkCalls() override { w_.arrive(); }
@@ -46,6 +49,8 @@ class WindowCollectives : public Collectives {
   // The call covers a shared buffer (CallSignature::buffer): each member reduces its part reading the
   // others' buffers where they lie, then copies the others' reduced parts: no copy into the halves.
   void allReduceShared(uint8_t* data, size_t count, DType dtype, ReduceOp op);
+  // Every member's copy of the call's shared buffer; throws when one is not mapped here.
+  std::vector<const uint8_t*> sharedBuffers() const;
   // Bytes [first, last) of the shared buffers `of` reduced in rank order into d.
   static void reduceShared(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last, DType dtype,
                            ReduceOp op);

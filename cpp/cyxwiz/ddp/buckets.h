@@ -23,8 +23,11 @@ struct Bucket {
   std::vector<size_t> params;  // indices into model.parameters()
   int layers = 0;              // modules whose parameters are in this bucket
   int pending = 0;             // of those, how many have not finished this backward
-  std::shared_ptr<comm::Work> work;  // the all-reduce in flight, if any
+  std::shared_ptr<comm::Work> work;  // the all-reduce (or its half) in flight, if any
   bool stale = false;          // holds local gradients no all-reduce has covered yet
+  // Sharded optimizer step (DDPConfig::shardOptimizer) only:
+  Tensor values;               // the parameters of `params`, back to back, as `storage` holds their gradients
+  bool partial = false;        // reduce-scattered: only this rank's part of `storage` is averaged
 };
 
 class GradientBuckets {

@@ -1,11 +1,13 @@
 #include "cyxwiz/ddp/ddp.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <thread>
 #include <utility>
 
+#include "cyxwiz/comm/collectives.h"
 #include "cyxwiz/comm/exchange.h"
 #include "cyxwiz/comm/process_group.h"
 #include "cyxwiz/common/env.h"
@@ -58,6 +60,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
     logInfo(makeString("DistributedDataParallel: model moved to ", gpu->str(), " for the ", backend_->name(),
                        " backend"));
   }
+  config_.shardOptimizer = config.shardOptimizer || envFlag("CYXWIZ_DDP_SHARD_OPTIMIZER", false);
+  CYX_CHECK(!config_.shardOptimizer || !gpu, rankPrefix(), "DistributedDataParallel: shard_optimizer=True runs with the "
+            "CPU backend only in this version; leave it off with ", backend_->name());
   overlap_ = overlapPolicy(backend_->config(), gpu.has_value());
   if (worldSize() > 1) {
     checkSameArchitecture();
@@ -72,12 +77,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
       *model_, std::max<size_t>(cap, 1), std::min(cap, kFirstBucketCap), [&](int64_t elements) {
         return shared ? backend_->sharedZeros(elements, DType::Float32) : Tensor::zeros({elements}, DType::Float32, device);
       });
+  if (config_.shardOptimizer && worldSize() > 1) shardParameters();
   for (const auto& m : model_->modules()) {
     m->setGradReadyHook([this](nn::Module& module) { onGradsReady(module); });
   }
   model_->setGradientGuard([this](nn::SequentialModel::GradientUse use) { guardGradients(use); });
   if (worldSize() > 1) {
-    logInfo(makeString("DistributedDataParallel: ", buckets_->buckets().size(), " gradient buckets; all-reduce ",
+    logInfo(makeString("DistributedDataParallel: ", buckets_->buckets().size(), " gradient buckets; ",
+                       shard_.empty() ? "all-reduce " : "sharded optimizer step, reduce-scatter ",
                        overlap_ ? "overlapped with backward" : "at sync time (fewer than 2 cores per local rank)",
                        model_->device().type == DeviceType::CUDA ? makeString(", on ", model_->device().str()) : ""));
   }
@@ -163,9 +170,44 @@ void DistributedDataParallel::onGradsReady(const nn::Module& module) {
   }
 }
 
+void DistributedDataParallel::shardParameters() {
+  std::vector<nn::Parameter*> params = model_->parameters();
+  shard_.assign(params.size(), {0, 0});
+  for (Bucket& b : buckets_->buckets()) {
+    const int64_t elements = b.storage.numel();
+    b.values = backend_->sharedZeros(elements, DType::Float32);
+    // This rank's part of the bucket, as reduceScatterInPlace leaves it averaged here.
+    const auto first = static_cast<int64_t>(comm::partBegin(static_cast<size_t>(elements), worldSize(), rank()));
+    const auto last = static_cast<int64_t>(comm::partBegin(static_cast<size_t>(elements), worldSize(), rank() + 1));
+    int64_t offset = 0;
+    for (size_t i : b.params) {
+      nn::Parameter& p = *params[i];
+      const int64_t numel = p.value.numel();
+      Tensor view = b.values.view(offset, p.value.shape());
+      view.copyFrom(p.value);
+      p.value = view;
+      shard_[i] = {std::clamp<int64_t>(first - offset, 0, numel), std::clamp<int64_t>(last - offset, 0, numel)};
+      offset += numel;
+    }
+  }
+}
+
 void DistributedDataParallel::launch(Bucket& bucket) {
-  bucket.work = backend_->allReduce(bucket.storage, comm::ReduceOp::Avg, overlap_);
+  if (shard_.empty()) {
+    bucket.work = backend_->allReduce(bucket.storage, comm::ReduceOp::Avg, overlap_);
+  } else {
+    bucket.work = backend_->reduceScatterInPlace(bucket.storage, comm::ReduceOp::Avg, overlap_);
+    bucket.partial = true;
+  }
   bucket.stale = false;
+}
+
+void DistributedDataParallel::completeGradients() {
+  waitAll();
+  for (Bucket& b : buckets_->buckets()) {
+    if (b.partial) backend_->allGatherInPlace(b.storage, false)->wait();
+    b.partial = false;
+  }
 }
 
 void DistributedDataParallel::launchStale() {
@@ -184,11 +226,11 @@ void DistributedDataParallel::guardGradients(nn::SequentialModel::GradientUse us
   using Use = nn::SequentialModel::GradientUse;
   waitAll();  // the communication thread writes into the buckets until then
   if (use == Use::Clear) {
-    for (Bucket& b : buckets_->buckets()) b.stale = false;  // nothing local is left to average
+    for (Bucket& b : buckets_->buckets()) b.stale = b.partial = false;  // nothing local is left to average
   }
   if (use != Use::Step) return;
   for (const Bucket& b : buckets_->buckets()) {
-    if (b.stale) {
+    if (b.stale || b.partial) {
       throw InvalidArgument(makeString(
           rankPrefix(), "optimizer.step(model): this model's gradients are not averaged across ranks yet (it is "
           "wrapped in DistributedDataParallel); call ddp.update_parameters(optimizer), or ddp.sync_gradients() "
@@ -201,6 +243,7 @@ void DistributedDataParallel::syncGradients() {
   checkModelUnchanged("sync_gradients");
   launchStale();
   waitAll();
+  completeGradients();
 }
 
 void DistributedDataParallel::updateParameters(nn::Optimizer& optimizer) {
@@ -208,15 +251,48 @@ void DistributedDataParallel::updateParameters(nn::Optimizer& optimizer) {
   std::vector<nn::Parameter*> params = model_->parameters();
   launchStale();
   if (config_.checkGradients && worldSize() > 1) {
-    waitAll();
+    completeGradients();
     compareAcrossRanks();
   }
+  if (!shard_.empty()) optimizer.setShard(shard_);
   optimizer.beginStep(params);
   for (Bucket& b : buckets_->buckets()) {
     if (b.work) std::exchange(b.work, nullptr)->wait();
     optimizer.updateParameters(b.params, params);  // one fused launch per bucket on a GPU
-    b.storage.fill(0.0);
+    b.storage.fill(0.0);  // sharded: the reduce-scatter's end means no peer reads it any more
+    if (!shard_.empty()) {
+      b.partial = false;
+      b.work = backend_->allGatherInPlace(b.values, overlap_);  // every rank's updated part to all
+    }
   }
+  if (!shard_.empty()) waitAll();  // the next forward reads the parameters
+}
+
+nn::OptimizerState DistributedDataParallel::optimizerState(const nn::Optimizer& optimizer) {
+  if (shard_.empty()) return optimizer.state();
+  std::vector<nn::Parameter*> params = model_->parameters();
+  return optimizer.state([&](const std::vector<Tensor>& parts) {
+    CYX_CHECK(parts.size() == params.size(), rankPrefix(), "optimizer_state_dict: the optimizer holds state for ",
+              parts.size(), " parameters and this model has ", params.size(), "; use one optimizer per model");
+    // Each bucket's shards, put where they lie in the bucket, all-gathered as the parameters are.
+    std::vector<Tensor> whole(parts.size());
+    for (const Bucket& b : buckets_->buckets()) {
+      Tensor flat = Tensor::zeros({b.storage.numel()}, DType::Float32, b.storage.device());
+      int64_t offset = 0;
+      for (size_t i : b.params) {
+        const auto [first, last] = shard_[i];
+        if (last > first) flat.view(offset + first, {last - first}).copyFrom(parts[i]);
+        offset += params[i]->value.numel();
+      }
+      backend_->allGatherInPlace(flat, false)->wait();
+      offset = 0;
+      for (size_t i : b.params) {
+        whole[i] = flat.view(offset, params[i]->value.shape()).clone();
+        offset += params[i]->value.numel();
+      }
+    }
+    return whole;
+  });
 }
 
 void DistributedDataParallel::discardCapturedWork() {
@@ -230,7 +306,7 @@ void DistributedDataParallel::zeroGrad() {
   waitAll();
   for (Bucket& b : buckets_->buckets()) {
     b.storage.fill(0.0);
-    b.stale = false;
+    b.stale = b.partial = false;
   }
 }
 
@@ -246,6 +322,20 @@ void DistributedDataParallel::checkModelUnchanged(const char* operation) const {
   if (model_->size() != moduleCount_ || model_->parameters().size() != buckets_->parameterCount()) {
     throw InvalidArgument(makeString(rankPrefix(), "DistributedDataParallel.", operation, ": the model changed after it was wrapped "
                                      "(layers added?); build the whole model first, then wrap it"));
+  }
+  if (shard_.empty()) return;
+  // A sharded step writes the parameters into the buckets' `values`: they must still live there.
+  std::vector<nn::Parameter*> params = model_->parameters();
+  for (const Bucket& b : buckets_->buckets()) {
+    const auto* at = static_cast<const uint8_t*>(b.values.rawData());
+    for (size_t i : b.params) {
+      if (params[i]->value.rawData() != at) {
+        throw InvalidArgument(makeString(rankPrefix(), "DistributedDataParallel.", operation, ": a parameter was moved or "
+                                         "replaced after the model was wrapped with shard_optimizer=True; move the model "
+                                         "(model.to) before wrapping it"));
+      }
+      at += params[i]->value.nbytes();
+    }
   }
 }
 

@@ -8,6 +8,13 @@
 //   updateParameters   the optimizer step, bucket by bucket as each all-reduce lands (the step of
 //                      the first buckets overlaps the reduction of the last), then zeroes the gradients
 //
+// Sharded optimizer step (DDPConfig::shardOptimizer, CPU backend), as ZeRO stage 1: each bucket's
+// parameters also live back to back in a buffer like its gradients. A bucket is reduce-scattered
+// instead of all-reduced; each rank updates only its part of the bucket (the optimizer keeps state
+// for that part alone) and the buckets of parameters are all-gathered. Every rank moves the same
+// bytes as an all-reduce but runs the optimizer on 1/N of the parameters with 1/N of its state.
+// syncGradients completes the gradients (all-gathers them) for code that reads or clips them.
+//
 // Overlap needs a spare core per rank for the communication thread: with fewer (more ranks than half
 // the cores on this machine) it only takes time from the other ranks' computation, so the buckets
 // are reduced on the caller's thread at sync time instead. CYXWIZ_DDP_OVERLAP=1/0 forces either.
@@ -33,6 +40,7 @@ struct DDPConfig {
   double bucketSizeMb = 25.0;
   bool findUnusedParameters = false;  // accepted for PyTorch parity; every layer gets a gradient here
   bool checkGradients = false;        // also on with CYXWIZ_DDP_CHECK_GRADIENTS=1
+  bool shardOptimizer = false;        // also on with CYXWIZ_DDP_SHARD_OPTIMIZER=1 (see above)
 };
 
 class DistributedDataParallel {
@@ -47,6 +55,10 @@ class DistributedDataParallel {
   void syncGradients();
   void updateParameters(nn::Optimizer& optimizer);
   void zeroGrad();
+  // The optimizer's whole state; with a sharded step its shards are put together (a collective:
+  // every rank calls it). What checkpoints store.
+  nn::OptimizerState optimizerState(const nn::Optimizer& optimizer);
+  bool shardsOptimizer() const { return !shard_.empty(); }
   // Forgets the collectives of a CUDA graph capture that was abandoned: they never ran, so there is
   // nothing to wait for (ddp/graphed_step.cpp).
   void discardCapturedWork();
@@ -74,6 +86,10 @@ class DistributedDataParallel {
   void launch(Bucket& bucket);  // async when overlapping, else on the caller's thread
   void launchStale();
   void waitAll();
+  // Sharded step: rebinds every parameter's value to a view into its bucket's `values`.
+  void shardParameters();
+  // All-gathers the gradients of reduce-scattered buckets, so that every rank holds them whole.
+  void completeGradients();
   void checkModelUnchanged(const char* operation) const;
   // The model's gradient guard: waits for in-flight all-reduces; refuses a step on stale gradients.
   void guardGradients(nn::SequentialModel::GradientUse use);
@@ -91,6 +107,9 @@ class DistributedDataParallel {
   bool requireSync_ = true;
   bool inBackward_ = false;  // hooks launch all-reduces only during our own backward
   std::set<std::string> warned_;
+  // Sharded step: elements [first, second) of each parameter (model.parameters() order) are this
+  // rank's to update; empty when the step is not sharded.
+  std::vector<std::pair<int64_t, int64_t>> shard_;
 };
 
 }  // namespace cyxwiz::ddp

@@ -265,7 +265,7 @@ void DistributedTrainer::writeCheckpoint(const std::string& path, bool everyRank
   state.epoch = epochsDone_;
   state.worldSize = worldSize();
   state.optimizerType = optimizer_->typeName();
-  state.optimizer = optimizer_->state();
+  state.optimizer = ddp_->optimizerState(*optimizer_);  // collective when the step is sharded
   state.rngStates = comm::allGatherStrings(backend, generatorState());
   state.history = done_;
   // "<errno> <message>" when this rank's write failed, "" when it worked or was not this rank's to do.

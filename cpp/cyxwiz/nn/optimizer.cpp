@@ -20,27 +20,52 @@ void Optimizer::setLearningRate(double lr) {
 
 void Optimizer::ensureState(const std::vector<Parameter*>& params) {
   const size_t nslots = slotNames().size();
+  CYX_CHECK(shard_.empty() || shard_.size() == params.size(), typeName(), ".step: this optimizer is sharded for a model of ",
+            shard_.size(), " parameters but was given ", params.size(), "; use one optimizer per model");
+  // A buffer's shape: the parameter's, or its shard's length.
+  auto shapeOf = [&](size_t i) -> Shape {
+    if (shard_.empty()) return params[i]->value.shape();
+    return {shard_[i].second - shard_[i].first};
+  };
   if (slots_.empty() && nslots > 0) {
-    for (Parameter* p : params) {
+    for (size_t i = 0; i < params.size(); ++i) {
       std::vector<Tensor> buffers;
-      for (size_t s = 0; s < nslots; ++s) buffers.push_back(Tensor::zeros(p->value.shape(), DType::Float32, p->value.device()));
+      for (size_t s = 0; s < nslots; ++s) buffers.push_back(Tensor::zeros(shapeOf(i), DType::Float32, params[i]->value.device()));
       slots_.push_back(std::move(buffers));
     }
+    slotsSharded_ = !shard_.empty();
     return;
   }
   bool same = nslots == 0 || slots_.size() == params.size();
   for (size_t i = 0; same && nslots && i < params.size(); ++i) {
-    for (const Tensor& buffer : slots_[i]) same = same && buffer.shape() == params[i]->value.shape();
+    for (Tensor& buffer : slots_[i]) {
+      if (!shard_.empty() && buffer.shape() == params[i]->value.shape() && buffer.shape() != shapeOf(i)) {
+        // Whole state (a checkpoint, or steps taken before sharding): keep this rank's shard of it.
+        buffer = buffer.reshape({buffer.numel()}).view(shard_[i].first, shapeOf(i)).clone();
+      }
+      same = same && buffer.shape() == shapeOf(i);
+    }
   }
   CYX_CHECK(same, typeName(), ".step: this optimizer holds state for a different model (", slots_.size(),
             " parameters); use one optimizer per model");
+  slotsSharded_ = !shard_.empty() && !slots_.empty();
   // State restored from a checkpoint, or a model moved with model.to(...): the buffers follow the parameters.
   for (size_t i = 0; nslots && i < params.size(); ++i) {
     for (Tensor& buffer : slots_[i]) buffer = buffer.to(params[i]->value.device());
   }
 }
 
+void Optimizer::setShard(std::vector<std::pair<int64_t, int64_t>> ranges) {
+  if (ranges == shard_) return;
+  CYX_CHECK(!slotsSharded_, typeName(), ": this optimizer holds sharded state for another DistributedDataParallel; use "
+            "one optimizer per model");
+  shard_ = std::move(ranges);
+}
+
 void Optimizer::step(SequentialModel& model) {
+  CYX_CHECK(shard_.empty(), typeName(), ".step(model): this optimizer is sharded across ranks by DistributedDataParallel "
+            "(shard_optimizer=True) and updates only this rank's share of each parameter; call "
+            "ddp.update_parameters(optimizer), which also shares the updated parameters");
   model.guardGradients(SequentialModel::GradientUse::Step);
   std::vector<Parameter*> params = model.parameters();
   beginStep(params);
@@ -80,27 +105,51 @@ void Optimizer::updateParameters(const std::vector<size_t>& indices, const std::
   for (size_t i : indices) {
     Parameter& p = *params.at(i);
     std::vector<Tensor>& slots = slots_.empty() ? none : slots_.at(i);
+    const int64_t first = shard_.empty() ? 0 : shard_.at(i).first;
+    const int64_t n = shard_.empty() ? p.value.numel() : shard_.at(i).second - first;
+    if (n == 0) continue;
     if (!p.value.isCuda()) {
-      update(p, slots);
+      update({p.value.data<float>() + first, p.grad.data<float>() + first, n}, slots);
       continue;
     }
     CYX_CHECK(gpu.empty() || p.value.device() == device, typeName(), ".step: the parameters are on ", device.str(),
               " and ", p.value.device().str(), "; keep a model on one device");
     device = p.value.device();
-    gpu.push_back({p.value.deviceData<float>(), p.grad.deviceData<float>(),
+    gpu.push_back({p.value.deviceData<float>() + first, p.grad.deviceData<float>() + first,
                    slots.size() > 0 ? slots[0].deviceData<float>() : nullptr,
-                   slots.size() > 1 ? slots[1].deviceData<float>() : nullptr, p.value.numel()});
+                   slots.size() > 1 ? slots[1].deviceData<float>() : nullptr, n});
   }
   if (!gpu.empty()) updateOnDevice(device, gpu);
 }
 
 void Optimizer::zeroGrad(SequentialModel& model) { model.zeroGrad(); }
 
-OptimizerState Optimizer::state() const {
+OptimizerState Optimizer::scalars() const {
   OptimizerState out;
   out.scalars["step"] = static_cast<double>(steps_);
   out.scalars["lr"] = lr_;
   hyperParameters(out.scalars);
+  return out;
+}
+
+OptimizerState Optimizer::state(const GatherSlot& gather) const {
+  if (!slotsSharded_) return state();
+  OptimizerState out = scalars();
+  std::vector<std::string> names = slotNames();
+  for (size_t s = 0; s < names.size() && !slots_.empty(); ++s) {
+    std::vector<Tensor> parts;
+    for (const std::vector<Tensor>& buffers : slots_) parts.push_back(buffers[s]);
+    std::vector<Tensor> whole = gather(parts);
+    for (size_t i = 0; i < whole.size(); ++i) out.tensors[makeString(names[s], ".", i)] = whole[i].to(Device{});
+  }
+  return out;
+}
+
+OptimizerState Optimizer::state() const {
+  CYX_CHECK(!slotsSharded_, typeName(), ".state_dict: this optimizer's state is sharded across ranks by "
+            "DistributedDataParallel (shard_optimizer=True); call ddp.optimizer_state_dict(optimizer) on every rank, "
+            "which puts the shards together");
+  OptimizerState out = scalars();
   std::vector<std::string> names = slotNames();
   for (size_t i = 0; i < slots_.size(); ++i) {
     for (size_t s = 0; s < names.size(); ++s) {
@@ -136,6 +185,7 @@ void Optimizer::loadState(const OptimizerState& state) {
   CYX_CHECK(state.tensors.size() == slots.size() * names.size(), typeName(),
             ".load_state_dict: the state holds tensors this optimizer does not know (was it saved by another optimizer type?)");
   slots_ = std::move(slots);
+  slotsSharded_ = false;  // whole buffers: the next step keeps this rank's shard of them
   steps_ = static_cast<int64_t>(step->second);
   setLearningRate(lr->second);
 }

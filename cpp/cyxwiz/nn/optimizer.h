@@ -4,8 +4,10 @@
 // order, and can be read out and restored as named tensors plus scalars (checkpoints).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cyxwiz/cuda/api.h"
@@ -41,6 +43,16 @@ class Optimizer {
   OptimizerState state() const;
   void loadState(const OptimizerState& state);
 
+  // A sharded step (DistributedDataParallel with shard_optimizer): this rank updates elements
+  // [first, second) of parameter i alone and keeps state for those alone (whole state loaded from a
+  // checkpoint is cut down at the next step). Empty: every element, the default.
+  void setShard(std::vector<std::pair<int64_t, int64_t>> ranges);
+  bool sharded() const { return !shard_.empty(); }
+  // The whole state of a sharded optimizer: gather(parts) takes one slot's parts, one per parameter,
+  // and returns that slot's whole buffers, put together from every rank (a collective).
+  using GatherSlot = std::function<std::vector<Tensor>(const std::vector<Tensor>& parts)>;
+  OptimizerState state(const GatherSlot& gather) const;
+
   // For a step captured into a CUDA graph (ddp/graphed_step.h): the graph replays the kernels with
   // the arguments they were captured with, so the per-step scalars (learning rate, Adam's bias
   // corrections) must come from device memory that is rewritten before every replay.
@@ -56,8 +68,15 @@ class Optimizer {
  protected:
   // Names of the per-parameter buffers this optimizer keeps (zero-initialised, parameter-shaped).
   virtual std::vector<std::string> slotNames() const = 0;
-  // Updates one parameter; `slots` holds the buffers named by slotNames(). steps_ is already incremented.
-  virtual void update(Parameter& param, std::vector<Tensor>& slots) = 0;
+  // Elements of one parameter and its gradient (all of them, or this rank's shard).
+  struct Span {
+    float* value;
+    const float* grad;
+    int64_t n;
+  };
+  // Updates one span; `slots` holds the buffers named by slotNames(), as long as the span. steps_ is
+  // already incremented.
+  virtual void update(const Span& span, std::vector<Tensor>& slots) = 0;
   // The same for parameters on one GPU, all in one call; slots[k] belongs to params[k].
   virtual void updateOnDevice(const Device& device, const std::vector<cuda::OptimizerTensor>& tensors) = 0;
   virtual void hyperParameters(std::map<std::string, double>& out) const = 0;
@@ -73,7 +92,10 @@ class Optimizer {
 
  private:
   void ensureState(const std::vector<Parameter*>& params);
+  OptimizerState scalars() const;
   std::vector<std::vector<Tensor>> slots_;  // [parameter][slot]
+  std::vector<std::pair<int64_t, int64_t>> shard_;  // [parameter]: elements this rank updates
+  bool slotsSharded_ = false;                        // slots_ hold shards (not whole buffers)
   Tensor graphScalars_;
   bool capturing_ = false;
 };

@@ -33,10 +33,10 @@ void SGDOptimizer::updateOnDevice(const Device& device, const std::vector<cuda::
                    static_cast<float>(momentum_), static_cast<float>(weightDecay_), nesterov_, graphScalars()));
 }
 
-void SGDOptimizer::update(Parameter& param, std::vector<Tensor>& slots) {
-  float* p = param.value.data<float>();
-  const float* grad = param.grad.data<float>();
-  const int64_t n = param.value.numel();
+void SGDOptimizer::update(const Span& span, std::vector<Tensor>& slots) {
+  float* p = span.value;
+  const float* grad = span.grad;
+  const int64_t n = span.n;
   const float lr = static_cast<float>(lr_), wd = static_cast<float>(weightDecay_), mu = static_cast<float>(momentum_);
   if (slots.empty()) {
     for (int64_t i = 0; i < n; ++i) p[i] -= lr * (grad[i] + wd * p[i]);

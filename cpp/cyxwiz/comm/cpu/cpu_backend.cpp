@@ -436,6 +436,33 @@ std::shared_ptr<Work> CpuBackend::reduceScatter(const Tensor& in, const Tensor& 
   });
 }
 
+std::shared_ptr<Work> CpuBackend::reduceScatterInPlace(const Tensor& data, ReduceOp op, bool async) {
+  if (data.isCuda()) {
+    return staged(callSignature(Collective::ReduceScatterInPlace, data, op), data, data,
+                  [&](const Tensor& h, const Tensor&) { reduceScatterInPlace(h, op, false)->wait(); });
+  }
+  requireCpu(data, "reduce_scatter");
+  checkReduceOp(op, data.dtype());
+  CallSignature call = callSignature(Collective::ReduceScatterInPlace, data, op);
+  if (shm_) call.buffer = shm_->buffers.find(data.rawData(), data.nbytes(), shm_->me());
+  return submit(call, async, [data, op](Collectives& ring) {
+    ring.reduceScatterInPlace(data.rawData(), static_cast<size_t>(data.numel()), data.dtype(), op);
+  });
+}
+
+std::shared_ptr<Work> CpuBackend::allGatherInPlace(const Tensor& data, bool async) {
+  if (data.isCuda()) {
+    return staged(callSignature(Collective::AllGatherInPlace, data), data, data,
+                  [&](const Tensor& h, const Tensor&) { allGatherInPlace(h, false)->wait(); });
+  }
+  requireCpu(data, "all_gather");
+  CallSignature call = callSignature(Collective::AllGatherInPlace, data);
+  if (shm_) call.buffer = shm_->buffers.find(data.rawData(), data.nbytes(), shm_->me());
+  return submit(call, async, [data](Collectives& ring) {
+    ring.allGatherInPlace(data.rawData(), static_cast<size_t>(data.numel()), data.dtype());
+  });
+}
+
 std::shared_ptr<Work> CpuBackend::barrier(bool async) {
   return submit(callSignature(Collective::Barrier, Tensor()), async, [](Collectives& ring) { ring.barrier(); });
 }
