@@ -208,6 +208,10 @@ def test_sigkill_mid_collective_names_the_dead_rank(watch, ranks, world, victim,
     watch.finish(procs, timeout=30)
     report = watch.report(procs)
 
+    assert_others_name_the_dead_rank(procs, ranks, world, victim, killed_at, report)
+
+
+def assert_others_name_the_dead_rank(procs, ranks, world, victim, killed_at, report, op="all_reduce"):
     assert procs[victim].popen.returncode == -signal.SIGKILL
     for p in procs:
         if p.rank == victim:
@@ -215,7 +219,7 @@ def test_sigkill_mid_collective_names_the_dead_rank(watch, ranks, world, victim,
         assert p.popen.returncode == EXIT_DIST_ERROR, report
         arrived, e = p.record("ERROR")
         assert e["cls"] == "DistNetworkError" and e["network"] and e["dist"] and e["connection"], report
-        assert_message_prefix(e["msg"], p.rank, world)
+        assert_message_prefix(e["msg"], p.rank, world, op)
         if victim == 0:
             # Rank 0 serves the rendezvous and the monitor: the others lost their line to it.
             assert "lost the connection to rank 0" in e["msg"], report
@@ -226,6 +230,51 @@ def test_sigkill_mid_collective_names_the_dead_rank(watch, ranks, world, victim,
         # Detected by the closed connections, not by the 10 s timeout.
         assert arrived - killed_at < 5.0, f"rank {p.rank} took {arrived - killed_at:.2f} s after the kill\n{report}"
         assert_fails_again_fast(p, e)
+
+
+SHARDED_DDP_UNTIL_ERROR = r'''
+cfg = D.DDPConfig()
+cfg.shard_optimizer = True                     # reduce-scatter, update 1/N, all-gather the parameters
+cx.manual_seed(0)
+model = cx.SequentialModel()
+model.add(cx.LinearModule(512, 1024))          # a 2 MB bucket: read where it lies in shared memory
+model.add(cx.ReLUModule())
+model.add(cx.LinearModule(1024, 10))
+ddp = D.DistributedDataParallel(model, cfg)
+opt, loss = cx.AdamOptimizer(0.001), cx.CrossEntropyLoss()
+rng = np.random.default_rng(RANK)
+X, y = rng.standard_normal((16, 512)).astype(np.float32), rng.integers(0, 10, 16)
+
+
+def step():
+    ddp.backward(loss.backward(ddp.forward(X), y))
+    ddp.update_parameters(opt)
+
+
+step()
+emit("READY")
+t0 = time.monotonic()
+try:
+    while True:
+        t0 = time.monotonic()
+        step()
+except Exception as e:
+    error(e, t0)
+    fail_again()
+    sys.exit(3)
+'''
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_sigkill_during_a_sharded_ddp_step_names_the_dead_rank(watch, ranks, victim):
+    procs = watch.start(SHARDED_DDP_UNTIL_ERROR, 2, env={"DISTRIBUTED_TIMEOUT_MS": "10000"})
+    watch.wait_line(procs, "READY", timeout=60)
+    time.sleep(0.2)
+    killed_at = time.monotonic()
+    os.killpg(procs[victim].popen.pid, signal.SIGKILL)
+    watch.finish(procs, timeout=30)
+    assert_others_name_the_dead_rank(procs, ranks, 2, victim, killed_at, watch.report(procs),
+                                     op=r"(?:reduce_scatter|all_gather) \(in place\)")
 
 
 # --------------------------------------------------------------------------------- a rank stops

@@ -84,6 +84,7 @@ class DDPConfig:
     bucket_size_mb: float           # default 25.0 (MiB); the first bucket (the last layers) is capped at 1 MiB; a larger tensor gets its own bucket
     find_unused_parameters: bool    # default False; accepted and ignored (every layer of a SequentialModel gets a gradient), INFO logged when True
     check_gradients: bool           # default False, or CYXWIZ_DDP_CHECK_GRADIENTS=1: compare gradient and parameter checksums across ranks at each update_parameters, warn "Gradients differ across ranks" naming the parameter
+    shard_optimizer: bool           # default False, or CYXWIZ_DDP_SHARD_OPTIMIZER=1: ZeRO stage 1 on the CPU backend (reduce-scatter the gradients, update 1/N of every bucket with 1/N of the optimizer state, all-gather the parameters)
     def __init__(self) -> None: ...
 
 class DistributedDataParallel:
@@ -106,6 +107,12 @@ class DistributedDataParallel:
     def gradients(self) -> list[np.ndarray]: ...
     # [(parameter count, bytes)] per bucket, in the order they are reduced (last layers first).
     def bucket_sizes(self) -> list[tuple[int, int]]: ...
+    # optimizer.state_dict() with the shards of a sharded step put together from every rank (a collective:
+    # every rank calls it); without sharding the same as optimizer.state_dict().
+    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]: ...
+    # True when the optimizer step is sharded (DDPConfig.shard_optimizer and world size > 1).
+    @property
+    def shard_optimizer(self) -> bool: ...
     # True when bucket all-reduces overlap backward: a spare core per local rank (2 x LOCAL_WORLD_SIZE
     # <= cores), or CYXWIZ_DDP_OVERLAP=1; else (or CYXWIZ_DDP_OVERLAP=0) they run at sync time.
     @property
