@@ -1,9 +1,21 @@
 """Data-parallel training throughput: pycyxwiz DistributedDataParallel against PyTorch DDP (Gloo), on one
-machine, each also run without gradient communication (the compute-only ceiling of N busy ranks).
+machine, each also with a sharded optimizer step and without gradient communication (the compute-only
+ceiling of N busy ranks).
 
-    python benchmarks/train_throughput.py                        # 2 ranks, both models (about 1 min on 2 cores)
+    python benchmarks/train_throughput.py                        # 2 ranks, both models
     python benchmarks/train_throughput.py --world-sizes 2 4 8    # on a machine with >= 8 cores
+    python benchmarks/train_throughput.py --modes ddp nocomm     # without the sharded mode
     python benchmarks/train_throughput.py --quick                # CI smoke run: 2 ranks, small model (< 60 s)
+
+Modes (--modes, default all three, rounds in this order):
+  ddp      pycyxwiz DistributedDataParallel (DDPConfig.shard_optimizer = False); torch DDP + Adam
+  sharded  the optimizer step sharded across the ranks (ZeRO stage 1: each rank updates 1/N of the parameters
+           and holds the Adam state for them, then the parameters are all-gathered): pycyxwiz DDP with
+           DDPConfig.shard_optimizer = True (gradients reduce-scattered); torch DDP +
+           torch.distributed.optim.ZeroRedundancyOptimizer(optimizer_class=Adam, the same Adam arguments)
+           (skipped, with the reason, when it cannot be constructed)
+  nocomm   the same training without any gradient exchange (the compute-only ceiling)
+CYXWIZ_DDP_SHARD_OPTIMIZER is not passed to the ranks (it would shard the ddp mode too).
 
 Models: "small" = 784-256-10 and "large" = 784-4096-4096-10 (Linear/ReLU), batch 64 per rank, cross-entropy,
 Adam lr 1e-3 (torch: Adam(fused=True), the fair optimizer per ../shared/BASELINES.md; --torch-adam default
@@ -11,11 +23,11 @@ for torch.optim.Adam as usually written). One process and one thread per rank (C
 torch.set_num_threads(1), OMP/OPENBLAS/MKL threads 1); ranks on 127.0.0.1 and a free port. Each rank
 generates its own random data once. The rank-side code is benchmarks/train_throughput_worker.py.
 
-Per framework, model and world size, one job: the DDP and the no-communication variants alternate in rounds
-inside the same processes; a round is a barrier, warm-up steps, then steps timed one by one on every rank in
-a loop without barriers. Reported (rank 0, all timed steps pooled): median and p90 step time;
-samples/s = world * 64 / median. ratio = DDP / no-comm time (the cost of communication);
-pycyxwiz/torch = torch DDP time / pycyxwiz DDP time (above 1: pycyxwiz is faster).
+Per framework, model and world size, one job: the modes' variants alternate in rounds inside the same
+processes; a round is a barrier, warm-up steps, then steps timed one by one on every rank in a loop without
+barriers. Reported (rank 0, all timed steps pooled): median and p90 step time; samples/s = world * 64 /
+median. ratio = DDP / no-comm time (the cost of communication), ratio (sharded) = sharded / no-comm;
+pycyxwiz/torch = torch time / pycyxwiz time, for DDP and for sharded (above 1: pycyxwiz is faster).
 
 Writes <out-dir>/train_throughput_<tag>.md (the report printed here), .json (every step time) and .png
 (step time vs world size; needs matplotlib). Every job has time limits and every process it started is
@@ -40,9 +52,14 @@ from mlp import MODELS  # noqa: E402 - the layer sizes of the MLP the workers tr
 WORKER = os.path.join(HERE, "train_throughput_worker.py")
 BATCH = 64
 FRAMEWORKS = ["pycyxwiz", "torch"]
-MODES = ["ddp", "nocomm"]
-VARIANT = {("pycyxwiz", "ddp"): "pycyxwiz DDP", ("pycyxwiz", "nocomm"): "pycyxwiz no-comm",
-           ("torch", "ddp"): "torch DDP", ("torch", "nocomm"): "torch no-comm"}
+MODES = ["ddp", "sharded", "nocomm"]
+COMM_MODES = ["ddp", "sharded"]
+QUICK_MODES = MODES  # --quick measures every mode (about 10 s on 2 cores with torch)
+SHARD_ENV = "CYXWIZ_DDP_SHARD_OPTIMIZER"  # not passed to the ranks: it would shard the ddp mode too
+VARIANT = {("pycyxwiz", "ddp"): "pycyxwiz DDP", ("pycyxwiz", "sharded"): "pycyxwiz DDP sharded",
+           ("pycyxwiz", "nocomm"): "pycyxwiz no-comm",
+           ("torch", "ddp"): "torch DDP", ("torch", "sharded"): "torch DDP sharded (ZeRO)",
+           ("torch", "nocomm"): "torch no-comm"}
 # (rounds, warmup, steps per round) for a full run and for --quick
 DEFAULTS = {"small": (3, 20, 200), "large": (3, 3, 10)}
 QUICK = {"small": (1, 5, 30), "large": (1, 1, 3)}
@@ -68,7 +85,9 @@ PROBES = {
                  "b = cx.build_info() if hasattr(cx, 'build_info') else {}\n"
                  "print(json.dumps({'version': getattr(cx, '__version__', '?'), 'built': built, 'blas': b.get('blas'),\n"
                  "                  'compiler': b.get('compiler'),\n"
-                 "                  'ddp': d is not None and hasattr(d, 'DistributedDataParallel')}))"),
+                 "                  'ddp': d is not None and hasattr(d, 'DistributedDataParallel'),\n"
+                 "                  'shard': d is not None and hasattr(d, 'DDPConfig')\n"
+                 "                           and hasattr(d.DDPConfig(), 'shard_optimizer')}))"),
     "torch": ("import json, torch, torch.distributed as d\n"
               "print(json.dumps({'version': torch.__version__,\n"
               "                  'gloo': bool(d.is_available() and d.is_gloo_available())}))"),
@@ -76,16 +95,20 @@ PROBES = {
 
 
 def availability(ver, no_torch):
-    """framework -> None (usable) or why not; and the DDP of a framework that can only run no-comm -> why."""
+    """framework -> None (usable) or why not; and (framework, mode) -> why, for the modes a usable framework
+    cannot run (DDP missing: no-comm alone; shard_optimizer missing: no sharded)."""
     p, t = ver["pycyxwiz"], ver["torch"]
     why = {"pycyxwiz": f"import pycyxwiz failed: {p['error']}" if "error" in p else None,
            "torch": ("disabled by --no-torch" if no_torch else
                      f"import torch failed: {t['error']} (pip install torch==2.13.0)" if "error" in t else
                      None if t.get("gloo") else "torch.distributed has no Gloo backend")}
-    no_ddp = {}
+    no_mode = {}
     if why["pycyxwiz"] is None and not p.get("ddp"):
-        no_ddp["pycyxwiz"] = "this pycyxwiz has no cx.distributed.DistributedDataParallel (no-comm measured alone)"
-    return why, no_ddp
+        for m in COMM_MODES:
+            no_mode[("pycyxwiz", m)] = "this pycyxwiz has no cx.distributed.DistributedDataParallel (no-comm measured alone)"
+    elif why["pycyxwiz"] is None and not p.get("shard"):
+        no_mode[("pycyxwiz", "sharded")] = "this pycyxwiz has no cx.distributed.DDPConfig.shard_optimizer"
+    return why, no_mode
 
 
 # ----------------------------------------------------------------- one job
@@ -111,7 +134,7 @@ def run_job(fw, model, world, modes, args, tmp, cpus):
     rounds, warmup, steps = args.plan[model]
     port = free_port()
     env = dict(os.environ)
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", SHARD_ENV):
         env.pop(k, None)
     env.update(CYXWIZ_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -121,7 +144,7 @@ def run_job(fw, model, world, modes, args, tmp, cpus):
     tag = f"{fw}-{model}-{world}-{port}"
     procs, outs, errs = [], [], []
     out = {"framework": fw, "model": model, "world_size": world, "modes": modes, "ranks": {}, "ready": None,
-           "failure": None, "notes": [], "errors": []}
+           "failure": None, "notes": [], "errors": [], "skipped": {}, "failed_mode": None}
     budget = stage_budget(model, steps, warmup, world, cpus, args.timeout)
     t0 = time.monotonic()
     try:
@@ -135,18 +158,26 @@ def run_job(fw, model, world, modes, args, tmp, cpus):
         reader = Reader(outs[0])
         deadline = time.monotonic() + START_TIMEOUT_S + budget
         first_exit = None
-        what = "start-up"
+        what, running, current = "start-up", list(modes), None  # current: the mode of the round under way
         while True:
             for line in reader.lines():
                 if (obj := tagged(line, "TRAIN_READY")) is not None:
                     out["ready"] = obj
+                    out["skipped"] = dict(obj.get("skipped") or {})
+                    running = obj.get("modes") or running
+                    for m, why in out["skipped"].items():
+                        log(f"  [{fw} {model} x{world}] {m}: skipped -- {why}")
                     deadline = time.monotonic() + budget
-                    what = "round 1"
+                    current = running[0]
+                    what = f"round 1 {current}"
                 elif (obj := tagged(line, "TRAIN_ROUND")) is not None:
-                    log(f"  [{fw} {model} x{world}] round {obj['round'] + 1}/{rounds} {obj['mode']:6s}: "
+                    log(f"  [{fw} {model} x{world}] round {obj['round'] + 1}/{rounds} {obj['mode']:7s}: "
                         f"median {obj['median_ms']:9.3f} ms (rank 0)")
                     deadline = time.monotonic() + budget
-                    what = f"the round after round {obj['round'] + 1} {obj['mode']}"
+                    i = running.index(obj["mode"]) + 1 if obj["mode"] in running else len(running)
+                    r = obj["round"] + 1 + i // len(running)
+                    current = running[i % len(running)] if r <= rounds else None
+                    what = f"round {r} {current}" if current else "the results"
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 if any(codes):
@@ -179,10 +210,15 @@ def run_job(fw, model, world, modes, args, tmp, cpus):
                         out["ranks"][r] = obj
                     elif (obj := tagged(line, "TRAIN_ERROR")) is not None:
                         out["errors"].append(f"rank {obj.get('rank')} at {obj.get('stage')}: {obj.get('error')}")
+                        words = str(obj.get("stage", "")).split()
+                        if words and words[0] in ("build", "round") and words[-1] in modes:
+                            out["failed_mode"] = out["failed_mode"] or words[-1]
         except OSError:
             pass
     if out["failure"] is None and len(out["ranks"]) < world:
         out["failure"] = f"only ranks {sorted(out['ranks'])} reported results"
+    if out["failure"] and out["failed_mode"] is None and out["ready"] is not None:
+        out["failed_mode"] = current  # hung or killed without a word: the mode whose round was under way
     if out["failure"]:
         out["ranks"] = {}  # partial results of a failed job are not reported
         detail = "; ".join(dict.fromkeys(out["errors"]))
@@ -204,8 +240,9 @@ def run_job(fw, model, world, modes, args, tmp, cpus):
 
 
 def run_framework(fw, model, world, modes, args, tmp, cpus):
-    """One job with both modes; on failure, the modes it did not deliver are run on their own (so a broken
-    DDP still leaves its no-comm ceiling measured), and a port taken under our feet is retried once."""
+    """One job with all the modes; on failure, the job is run again without the mode that failed (so a broken
+    sharded step still leaves DDP and no-comm measured, a broken DDP the no-comm ceiling; without the failed
+    mode known, only no-comm is run again), and a port taken under our feet is retried once."""
     jobs, todo, retried = [], list(modes), False
     while todo:
         log(f"{VARIANT[(fw, todo[0])].split()[0]} {model} x{world}: {' + '.join(todo)} ...")
@@ -217,7 +254,12 @@ def run_framework(fw, model, world, modes, args, tmp, cpus):
         jobs.append(j)
         if not j["failure"] or len(todo) == 1:
             break
-        todo = [m for m in todo if m != "ddp"] if "ddp" in todo else todo[1:]
+        if j["failed_mode"] in todo:
+            todo = [m for m in todo if m != j["failed_mode"]]
+        elif "nocomm" in todo:
+            todo = ["nocomm"]
+        else:
+            todo = todo[1:]
     return jobs
 
 
@@ -232,22 +274,29 @@ def percentile(xs, q):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def summarize(jobs, skipped_ddp):
+def summarize(jobs, skipped_modes):
     """(framework, model, world, mode) -> statistics of rank 0's timed steps (every round of every repeat
-    pooled), plus per-rank figures; {"failure": ...} when no job delivered that variant."""
-    s, ok, failed = {}, {}, {}
+    pooled), plus per-rank figures; {"failure": ...} when no job delivered that variant, {"skipped": ...}
+    when the framework cannot run it (skipped_modes: (framework, mode) -> why; or the ranks said so)."""
+    s, ok, failed, skipped = {}, {}, {}, {}
     for j in jobs:
         for m in j["modes"]:
             key = (j["framework"], j["model"], j["world_size"], m)
-            if j["failure"]:
+            if m in j.get("skipped", {}):
+                skipped.setdefault(key, j["skipped"][m])
+            elif j["failure"]:
                 failed.setdefault(key, j["failure"])
             else:
                 ok.setdefault(key, []).append(j)
-        if j["framework"] in skipped_ddp:
-            s[(j["framework"], j["model"], j["world_size"], "ddp")] = {"skipped": skipped_ddp[j["framework"]]}
+        for (fw, m), why in skipped_modes.items():
+            if fw == j["framework"]:
+                skipped.setdefault((fw, j["model"], j["world_size"], m), why)
     for key, why in failed.items():
-        if key not in ok:
+        if key not in ok and key not in skipped:
             s[key] = {"failure": why}
+    for key, why in skipped.items():
+        if key not in ok:
+            s[key] = {"skipped": why}
     for key, js in ok.items():
         m, world = key[3], key[2]
         rounds = {r: [rnd for j in js for rnd in j["ranks"][r]["times_s"][m]] for r in range(world)}
@@ -262,7 +311,7 @@ def summarize(jobs, skipped_ddp):
              "samples_per_s": world * BATCH / med, "rank_medians_s": rank_meds,
              "slowest_rank_median_s": max(rank_meds), "cpu_per_wall_rank0": cpu / wall if wall > 0 else None,
              "threads_rank0": js[-1]["ranks"][0].get("threads")}
-        if m == "ddp":
+        if m in COMM_MODES:
             # Replicas in sync end with equal parameters: compare each rank's per-parameter float64 sums
             # with rank 0's, relative to max(1, |sum|).
             diff = 0.0
@@ -301,25 +350,39 @@ def cell(s, key):
     return e, fmt_ms(e["median_s"])
 
 
-def main_table(s, model, worlds, fws):
-    """The table of the brief: pycyxwiz columns, then torch's when torch ran."""
+def main_table(s, model, worlds, fws, modes):
+    """The table of the brief: pycyxwiz columns, then torch's when torch ran; per framework the modes' step
+    times, ratio = DDP / no-comm and ratio (sharded) = sharded / no-comm; pycyxwiz/torch for DDP and sharded;
+    samples/s of DDP (of sharded when DDP was not asked for)."""
     shown = ["pycyxwiz"] + (["torch"] if "torch" in fws else [])
-    headers = ["world size", "pycyxwiz DDP ms", "pycyxwiz no-comm ms", "ratio"]
+    label = {"ddp": "DDP", "sharded": "sharded", "nocomm": "no-comm"}
+    shown_modes = [m for m in MODES if m in modes]
+    ratios = [m for m in COMM_MODES if m in modes] if "nocomm" in modes else []
+    rate_mode = next((m for m in COMM_MODES if m in modes), "nocomm")
+    headers = ["world size"]
+    for fw in shown:
+        headers += [f"{fw} {label[m]} ms" for m in shown_modes]
+        headers += ["ratio" if m == "ddp" else "ratio (sharded)" for m in ratios]
     if "torch" in shown:
-        headers += ["torch DDP ms", "torch no-comm ms", "ratio", "pycyxwiz/torch speedup"]
-    headers += [f"{fw} samples/s" for fw in shown]
+        headers += ["pycyxwiz/torch speedup" + ("" if m == "ddp" else " (sharded)") for m in COMM_MODES if m in modes]
+    headers += [f"{fw} samples/s" + ("" if rate_mode == "ddp" else f" ({label[rate_mode]})") for fw in shown]
     rows = []
     for w in worlds:
-        row, ddp = [str(w)], {}
+        row, got = [str(w)], {}
         for fw in shown:
-            d, dtxt = cell(s, (fw, model, w, "ddp"))
-            n, ntxt = cell(s, (fw, model, w, "nocomm"))
-            row += [dtxt, ntxt, fmt_ratio(d["median_s"] / n["median_s"]) if d and n else "—"]
-            ddp[fw] = d
+            for m in shown_modes:
+                got[(fw, m)], txt = cell(s, (fw, model, w, m))
+                row.append(txt)
+            n = got[(fw, "nocomm")] if "nocomm" in modes else None
+            for m in ratios:
+                d = got[(fw, m)]
+                row.append(fmt_ratio(d["median_s"] / n["median_s"]) if d and n else "—")
         if "torch" in shown:
-            cd, td = ddp["pycyxwiz"], ddp["torch"]
-            row.append(fmt_ratio(td["median_s"] / cd["median_s"]) if cd and td else "—")
-        row += [fmt_rate(ddp[fw]["samples_per_s"]) if ddp[fw] else "—" for fw in shown]
+            for m in COMM_MODES:
+                if m in modes:
+                    c, t = got[("pycyxwiz", m)], got[("torch", m)]
+                    row.append(fmt_ratio(t["median_s"] / c["median_s"]) if c and t else "—")
+        row += [fmt_rate(got[(fw, rate_mode)]["samples_per_s"]) if got[(fw, rate_mode)] else "—" for fw in shown]
         rows.append(row)
     return md_table(headers, rows)
 
@@ -359,8 +422,10 @@ def plot(path, s, models, worlds, fws):
     except ImportError:
         log(f"plot {path}: matplotlib is not installed (pip install matplotlib); no plot drawn")
         return False
-    style = {("pycyxwiz", "ddp"): ("tab:red", "-", "o"), ("pycyxwiz", "nocomm"): ("tab:red", "--", "s"),
-             ("torch", "ddp"): ("tab:blue", "-", "o"), ("torch", "nocomm"): ("tab:blue", "--", "s")}
+    style = {("pycyxwiz", "ddp"): ("tab:red", "-", "o"), ("pycyxwiz", "sharded"): ("tab:red", ":", "^"),
+             ("pycyxwiz", "nocomm"): ("tab:red", "--", "s"),
+             ("torch", "ddp"): ("tab:blue", "-", "o"), ("torch", "sharded"): ("tab:blue", ":", "^"),
+             ("torch", "nocomm"): ("tab:blue", "--", "s")}
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models):
         for fw in fws:
@@ -405,8 +470,12 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--torch-adam", choices=["fused", "default"], default="fused",
                    help="torch optimizer: Adam(fused=True), the fair one (default), or torch.optim.Adam as usually written")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=None,
+                   help="modes to measure, rounds alternating in the order given (default: ddp sharded nocomm; "
+                        "--quick: the same, all three, in under 60 s on 2 cores); the ratios need nocomm")
     p.add_argument("--no-torch", action="store_true", help="measure pycyxwiz only")
-    p.add_argument("--quick", action="store_true", help="CI smoke run: 2 ranks, small model, few steps (< 60 s)")
+    p.add_argument("--quick", action="store_true",
+                   help="CI smoke run: 2 ranks, small model, few steps, every mode unless --modes (< 60 s)")
     p.add_argument("--tag", default=None, help="result file name: train_throughput_<tag>.{md,json,png} "
                                                "(default: <cores>core, --quick: quick)")
     p.add_argument("--out-dir", default=None, help="where to write the results (default benchmarks/results; "
@@ -422,6 +491,7 @@ def parse_args(argv=None):
         p.error("--rows, --repeats, --rounds and --steps must be at least 1")
     a.models = list(dict.fromkeys(a.models or (["small"] if a.quick else ["small", "large"])))
     a.frameworks = list(dict.fromkeys(a.frameworks or FRAMEWORKS))
+    a.modes = list(dict.fromkeys(a.modes or (QUICK_MODES if a.quick else MODES)))
     base = QUICK if a.quick else DEFAULTS
     a.plan = {m: (a.rounds or base[m][0], a.warmup if a.warmup is not None else base[m][1], a.steps or base[m][2])
               for m in MODELS}
@@ -438,7 +508,7 @@ def main(argv=None):
     log("probing the libraries ...")
     ver = {"pycyxwiz": probe("pycyxwiz", PROBES),
            "torch": probe("torch", PROBES) if not args.no_torch else {"error": "--no-torch"}}
-    why, no_ddp = availability(ver, args.no_torch)
+    why, no_mode = availability(ver, args.no_torch)
     fws = [f for f in args.frameworks if why[f] is None]
     tag = args.tag or ("quick" if args.quick else f"{cpus}core")
     out_dir = args.out_dir or (tempfile.mkdtemp(prefix="train_throughput_") if args.quick else os.path.join(HERE, "results"))
@@ -453,8 +523,8 @@ def main(argv=None):
                f"Linux {mach['kernel']}, Python {mach['python']}, numpy {mach.get('numpy')}; "
                f"load average {' '.join(map(str, mach.get('load_start', [])))}")
     p = ver["pycyxwiz"]
-    knobs = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
-                     if k.startswith("CYXWIZ_") and k != "CYXWIZ_NUM_THREADS")
+    knobs = " ".join(f"{k}={v}" + (" (not passed to the ranks)" if k == SHARD_ENV else "")
+                     for k, v in sorted(os.environ.items()) if k.startswith("CYXWIZ_") and k != "CYXWIZ_NUM_THREADS")
     rep.append(f"pycyxwiz  {p.get('version', p.get('error'))}"
                + (f", {p['blas']}" if p.get("blas") else "")
                + (f", installed module built {p['built']}" if p.get("built") else "")
@@ -467,14 +537,17 @@ def main(argv=None):
     rep.append(f"step      batch {BATCH} per rank, cross-entropy, Adam lr 1e-3; one process and one thread per rank; "
                f"127.0.0.1; data randn({args.rows}, 784) + randint(0, 10) per rank, batch gathered by index outside the timer")
     rep.append("pycyxwiz  DDP: out = ddp.forward(x); ddp.backward(loss.backward(out, y)); ddp.update_parameters(opt); "
+               "sharded: the same with DDPConfig.shard_optimizer = True (DDP: False); "
                "no-comm: model.forward, model.backward, opt.step(model), model.zero_grad()")
     rep.append("torch     DDP (gloo, env://, GLOO_SOCKET_IFNAME=lo): opt.zero_grad(set_to_none=True); "
-               "F.cross_entropy(ddp(x), y).backward(); opt.step(); no-comm: the same loop, model not wrapped")
+               "F.cross_entropy(ddp(x), y).backward(); opt.step(); sharded: the same with "
+               "ZeroRedundancyOptimizer(optimizer_class=Adam) for Adam; no-comm: the same loop, model not wrapped")
+    rep.append(f"modes     {' '.join(args.modes)}")
     plan = "; ".join(f"{m}: {args.plan[m][0]} rounds x ({args.plan[m][1]} warm-up + {args.plan[m][2]} timed steps)"
                      for m in args.models)
     rep.append(f"timing    {plan} per variant"
                + (f", {args.repeats} repeats (frameworks interleaved)" if args.repeats > 1 else "")
-               + "; DDP and no-comm rounds alternate in the same processes; barrier before each round, none in "
+               + "; the modes' rounds alternate in the same processes; barrier before each round, none in "
                "the loop; rank 0's steps pooled: median, p90")
     rep.append(f"worlds    {' '.join(map(str, args.world_sizes))}"
                + (f" (more ranks than the {cpus} usable cores: oversubscribed)" if max(args.world_sizes) > cpus else ""))
@@ -482,9 +555,9 @@ def main(argv=None):
     skipped = {f: why[f] for f in args.frameworks if why[f]}
     for f, reason in skipped.items():
         rep.append(f"\n- skipped {f}: {reason}")
-    for f, reason in no_ddp.items():
-        if f in fws:
-            rep.append(f"\n- skipped {f} DDP: {reason}")
+    no_mode = {k: r for k, r in no_mode.items() if k[0] in fws and k[1] in args.modes}
+    for (f, m), reason in no_mode.items():
+        rep.append(f"\n- skipped {VARIANT[(f, m)]}: {reason}")
     print("\n".join(rep), flush=True)
 
     jobs = []
@@ -496,7 +569,9 @@ def main(argv=None):
             for model in args.models:
                 for w in args.world_sizes:
                     for fw in fws:
-                        modes = [m for m in MODES if not (m == "ddp" and fw in no_ddp)]
+                        modes = [m for m in args.modes if (fw, m) not in no_mode]
+                        if not modes:
+                            continue
                         for j in run_framework(fw, model, w, modes, args, tmp, cpus):
                             j["repeat"] = rep_i
                             jobs.append(j)
@@ -505,16 +580,18 @@ def main(argv=None):
 
         shutil.rmtree(tmp, ignore_errors=True)
 
-    s = summarize(jobs, {f: r for f, r in no_ddp.items() if f in fws})
+    s = summarize(jobs, no_mode)
     body = ["\n## Step time and throughput\n",
             "ms = median step time on rank 0 (all timed steps pooled); ratio = DDP / no-comm (the cost of gradient "
-            "communication; 1.00 = free); pycyxwiz/torch speedup = torch DDP ms / pycyxwiz DDP ms (above 1: "
-            "pycyxwiz is faster); samples/s = world size x 64 / DDP median. "
-            "No-comm = the same N processes training without any gradient exchange (the compute-only ceiling)."]
+            "communication; 1.00 = free), ratio (sharded) = sharded / no-comm; pycyxwiz/torch speedup = torch ms / "
+            "pycyxwiz ms, for DDP and for sharded (above 1: pycyxwiz is faster); samples/s = world size x 64 / DDP "
+            "median. Sharded = DDP with the optimizer step sharded across the ranks (ZeRO stage 1; torch: "
+            "ZeroRedundancyOptimizer). No-comm = the same N processes training without any gradient exchange "
+            "(the compute-only ceiling)."]
     for model in args.models:
         body.append(f"\n### {model} {'-'.join(map(str, MODELS[model]))} ({n_params(MODELS[model]):,} parameters, "
                     f"{n_params(MODELS[model]) * 4 / 1e6:.1f} MB of gradients per step)\n")
-        body.append(main_table(s, model, args.world_sizes, fws))
+        body.append(main_table(s, model, args.world_sizes, fws, args.modes))
     body.append("\n### All variants\n")
     body.append("p90 = 90th percentile of rank 0's steps; round medians = min..max over rounds; slowest rank = "
                 "the largest per-rank median; CPU/wall = rank 0's process CPU time (all threads) / wall time over "
@@ -523,7 +600,7 @@ def main(argv=None):
 
     checks, problems = [], []
     for (fw, model, w, m), e in sorted(s.items()):
-        if m == "ddp" and "replica_max_rel_diff" in e:
+        if m in COMM_MODES and "replica_max_rel_diff" in e:
             d = e["replica_max_rel_diff"]
             checks.append(f"- {VARIANT[(fw, m)]}, {model}, {w} ranks: parameter sums after training "
                           + ("identical on every rank" if d == 0 else f"differ across ranks by up to {d:.2e} (relative)"
@@ -535,9 +612,14 @@ def main(argv=None):
             problems.append(f"- {where}: {j['failure']}")
         for n in j["notes"]:
             problems.append(f"- {where}: {n}")
-        if j["framework"] == "pycyxwiz" and j["ready"] and "buckets" in j["ready"].get("info", {}):
+        for m, why in j.get("skipped", {}).items():
+            problems.append(f"- {where}: {VARIANT[(j['framework'], m)]} skipped -- {why}")
+        info = (j["ready"] or {}).get("info", {})
+        if j["framework"] == "pycyxwiz" and "buckets" in info:
             checks.append(f"- pycyxwiz DDP buckets, {j['model']} x{j['world_size']} (parameter tensors, bytes; in reduction order): "
-                          f"{j['ready']['info']['buckets']}")
+                          f"{info['buckets']}")
+        if j["framework"] == "pycyxwiz" and "buckets_sharded" in info and info["buckets_sharded"] != info.get("buckets"):
+            checks.append(f"- pycyxwiz DDP sharded buckets, {j['model']} x{j['world_size']}: {info['buckets_sharded']}")
     if checks:
         body.append("\n### Checks\n")
         body += checks
@@ -555,7 +637,8 @@ def main(argv=None):
     written = [f"{base}.md", f"{base}.json"]
     with open(f"{base}.md", "w") as f:
         f.write("\n".join(rep + body) + "\n")
-    doc = {"machine": mach, "versions": ver, "skipped": dict(skipped, **{f"{f} DDP": r for f, r in no_ddp.items()}),
+    doc = {"machine": mach, "versions": ver,
+           "skipped": dict(skipped, **{(f"{f} DDP" if m == "ddp" else VARIANT[(f, m)]): r for (f, m), r in no_mode.items()}),
            "wall_s": wall,
            "config": {k: v for k, v in vars(args).items()},
            "summary": [dict(framework=fw, model=model, world_size=w, mode=m, variant=VARIANT[(fw, m)], **e)

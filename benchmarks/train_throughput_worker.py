@@ -1,19 +1,29 @@
 """Rank-side code of benchmarks/train_throughput.py: one process per rank, one framework per job.
 
     RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
-        python benchmarks/train_throughput_worker.py --framework pycyxwiz --model small --modes ddp,nocomm
+        python benchmarks/train_throughput_worker.py --framework pycyxwiz --model small --modes ddp,sharded,nocomm
 
 The driver (benchmarks/train_throughput.py) starts these processes; run by hand only to debug.
 
 Each rank generates its own synthetic data once (float32 randn(rows, 784), randint(0, 10) labels, seeded by
 (seed, rank)) and builds one model per mode:
-  ddp     pycyxwiz: out = ddp.forward(x); ddp.backward(loss.backward(out, y)); ddp.update_parameters(opt)
-          torch:    opt.zero_grad(set_to_none=True); F.cross_entropy(ddp(x), y).backward(); opt.step()
-  nocomm  the same model without any gradient communication (the compute-only ceiling of N busy ranks):
-          pycyxwiz: model.forward, model.backward(loss.backward(...)), opt.step(model), model.zero_grad()
-          torch:    the loop above on the plain (unwrapped) model
-Both modes live in one process and their rounds alternate (ddp, nocomm, ddp, ...), so background load hits
-both alike. A round: a barrier (the only collective outside the training step), `warmup` untimed steps, then
+  ddp      pycyxwiz: out = ddp.forward(x); ddp.backward(loss.backward(out, y)); ddp.update_parameters(opt)
+                     (DDPConfig.shard_optimizer = False)
+           torch:    opt.zero_grad(set_to_none=True); F.cross_entropy(ddp(x), y).backward(); opt.step()
+  sharded  the optimizer step sharded across the ranks (ZeRO stage 1: each rank updates 1/N of the parameters
+           and keeps the optimizer state for them only, the parameters are all-gathered after the update):
+           pycyxwiz: the ddp step with DDPConfig.shard_optimizer = True (gradients reduce-scattered)
+           torch:    the ddp loop with torch.distributed.optim.ZeroRedundancyOptimizer(optimizer_class=Adam,
+                     the same Adam arguments as ddp) instead of Adam (gradients all-reduced by DDP, the
+                     updated parameters broadcast by their owners); when it cannot be constructed the mode is
+                     skipped (reported in TRAIN_READY/TRAIN_RESULT "skipped"; the ranks agree on it)
+  nocomm   the same model without any gradient communication (the compute-only ceiling of N busy ranks):
+           pycyxwiz: model.forward, model.backward(loss.backward(...)), opt.step(model), model.zero_grad()
+           torch:    the loop above on the plain (unwrapped) model
+CYXWIZ_DDP_SHARD_OPTIMIZER is removed from the environment before any model is wrapped, so that it cannot
+shard the ddp mode; each wrapped model's ddp.shard_optimizer is checked against its mode.
+All modes live in one process and their rounds alternate (ddp, sharded, nocomm, ddp, ...), so background load
+hits them alike. A round: a barrier (the only collective outside the training step), `warmup` untimed steps, then
 `steps` steps timed one by one with time.perf_counter in a loop without barriers, the GC off. Each step
 draws 64 random row indices and gathers X[idx], y[idx] outside the timed region.
 
@@ -37,6 +47,12 @@ from mlp import LR, MODELS, build_cx, torch_mlp  # the MLP every benchmark train
 READY, ROUND, RESULT, ERROR = "TRAIN_READY", "TRAIN_ROUND", "TRAIN_RESULT", "TRAIN_ERROR"
 BATCH = 64
 CLASSES = 10
+MODES = ("ddp", "sharded", "nocomm")
+SHARD_ENV = "CYXWIZ_DDP_SHARD_OPTIMIZER"
+
+
+class Skip(Exception):
+    """A mode this framework cannot run here (not a failure): the reason is reported and the mode left out."""
 
 
 def emit(tag, obj):
@@ -71,6 +87,8 @@ class Cyxwiz:
         self.dist.init()
         self.rank, self.world = self.dist.get_rank(), self.dist.get_world_size()
         self.info = {"version": getattr(cx, "__version__", "?"), "threads": cx.get_num_threads()}
+        if os.environ.pop(SHARD_ENV, None) is not None:  # it would shard the ddp mode too (OR-ed with the config)
+            self.info["removed_env"] = SHARD_ENV
         try:
             b = cx.build_info()
             self.info["blas"] = b.get("blas")
@@ -80,12 +98,23 @@ class Cyxwiz:
 
     def build(self, sizes, mode, seed):
         m, lossfn, opt = build_cx(self.cx, sizes, seed)
-        if mode == "ddp":
-            ddp = self.dist.DistributedDataParallel(m)
+        if mode in ("ddp", "sharded"):
+            shard = mode == "sharded"
+            cfg = self.dist.DDPConfig()
+            if not hasattr(cfg, "shard_optimizer"):
+                if shard:
+                    raise Skip("this pycyxwiz has no DDPConfig.shard_optimizer")
+            else:
+                cfg.shard_optimizer = shard  # explicitly, for ddp too
+            ddp = self.dist.DistributedDataParallel(m, cfg)
+            got = getattr(ddp, "shard_optimizer", False)
+            if got != shard:
+                raise RuntimeError(f"mode {mode}: DistributedDataParallel.shard_optimizer is {got}, expected {shard}")
+            key = "buckets_sharded" if shard else "buckets"
             try:
-                self.info["buckets"] = [list(b) for b in ddp.bucket_sizes()]
+                self.info[key] = [list(b) for b in ddp.bucket_sizes()]
             except Exception as e:  # noqa: BLE001 - informational only
-                self.info["buckets"] = f"bucket_sizes() failed: {type(e).__name__}: {e}"
+                self.info[key] = f"bucket_sizes() failed: {type(e).__name__}: {e}"
 
             def step(xb, yb):
                 out = ddp.forward(xb)
@@ -102,6 +131,10 @@ class Cyxwiz:
 
             params = m.parameters
         return step, params, m.num_parameters()
+
+    def agree(self, skipped, modes):
+        """pycyxwiz skips only on a missing attribute, the same on every rank: nothing to agree on."""
+        return skipped
 
     def batch(self, X, y, idx):
         return X[idx], y[idx]
@@ -139,11 +172,18 @@ class Torch:
         F = torch.nn.functional
         torch.manual_seed(seed)
         model = torch_mlp(torch, sizes)
-        net = torch.nn.parallel.DistributedDataParallel(model) if mode == "ddp" else model
-        if self.adam == "fused":
-            opt = torch.optim.Adam(net.parameters(), lr=LR, fused=True)
+        net = torch.nn.parallel.DistributedDataParallel(model) if mode in ("ddp", "sharded") else model
+        adam = {"lr": LR, "fused": True} if self.adam == "fused" else {"lr": LR}  # else the per-tensor CPU loop
+        if mode == "sharded":
+            try:
+                from torch.distributed.optim import ZeroRedundancyOptimizer
+
+                opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.Adam, **adam)
+            except Exception as e:  # noqa: BLE001 - any reason it cannot be built: the mode is skipped
+                raise Skip(f"ZeroRedundancyOptimizer(optimizer_class=torch.optim.Adam, "
+                           f"{', '.join(f'{k}={v}' for k, v in adam.items())}) failed: {type(e).__name__}: {e}") from e
         else:
-            opt = torch.optim.Adam(net.parameters(), lr=LR)  # as usually written: the per-tensor CPU loop
+            opt = torch.optim.Adam(net.parameters(), **adam)
 
         def step(xb, yb):
             opt.zero_grad(set_to_none=True)
@@ -154,6 +194,16 @@ class Torch:
             return [p.detach().numpy() for p in model.parameters()]
 
         return step, params, sum(p.numel() for p in model.parameters())
+
+    def agree(self, skipped, modes):
+        """A mode skipped on any rank is skipped on all (a rank alone in a round's collectives would hang)."""
+        every = [None] * self.world
+        self.dist.all_gather_object(every, skipped)
+        out = dict(skipped)
+        for r, theirs in enumerate(every):
+            for m, why in theirs.items():
+                out.setdefault(m, f"on rank {r}: {why}")
+        return out
 
     def batch(self, X, y, idx):
         return self.torch.from_numpy(X[idx]), self.torch.from_numpy(y[idx])  # zero-copy views of the gathers
@@ -194,7 +244,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--framework", required=True, choices=["pycyxwiz", "torch"])
     p.add_argument("--model", required=True, choices=sorted(MODELS))
-    p.add_argument("--modes", default="ddp,nocomm", help="comma-separated, in round order: ddp, nocomm")
+    p.add_argument("--modes", default="ddp,sharded,nocomm",
+                   help="comma-separated, in round order: ddp, sharded, nocomm")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=50)
@@ -203,9 +254,9 @@ def main():
     p.add_argument("--torch-adam", choices=["fused", "default"], default="fused")
     p.add_argument("--init-timeout", type=float, default=300.0, help="torch process-group timeout (s)")
     args = p.parse_args()
-    modes = [m for m in args.modes.split(",") if m]
+    modes = list(dict.fromkeys(m for m in args.modes.split(",") if m))
     for m in modes:
-        if m not in ("ddp", "nocomm"):
+        if m not in MODES:
             p.error(f"unknown mode {m!r}")
 
     rank = os.environ.get("RANK", "?")
@@ -218,15 +269,23 @@ def main():
         rng = np.random.default_rng([args.seed, fw.rank])
         X = rng.standard_normal((args.rows, MODELS[args.model][0]), dtype=np.float32)
         y = rng.integers(0, CLASSES, args.rows).astype(np.int64)
-        steps, params = {}, {}
+        steps, params, skipped = {}, {}, {}
         nparams = None
         for m in modes:
             stage = f"build {m}"
             # Same seed on every rank: DDP starts from equal replicas anyway (rank 0's are broadcast).
-            steps[m], params[m], nparams = fw.build(MODELS[args.model], m, args.seed)
+            try:
+                steps[m], params[m], nparams = fw.build(MODELS[args.model], m, args.seed)
+            except Skip as e:
+                skipped[m] = str(e)
+        stage = "agree on skipped modes"
+        skipped = fw.agree(skipped, modes)
+        modes = [m for m in modes if m not in skipped]
+        if not modes:
+            raise RuntimeError(f"every mode was skipped: {skipped}")
         emit(READY, {"rank": fw.rank, "framework": fw.name, "world_size": fw.world, "model": args.model,
-                     "modes": modes, "params": int(nparams), "setup_s": time.perf_counter() - t0, "pid": os.getpid(),
-                     "threads": thread_count(), "info": fw.info})
+                     "modes": modes, "skipped": skipped, "params": int(nparams), "setup_s": time.perf_counter() - t0,
+                     "pid": os.getpid(), "threads": thread_count(), "info": fw.info})
         times = {m: [] for m in modes}
         cpu = {m: [] for m in modes}
         wall = {m: [] for m in modes}
@@ -243,7 +302,8 @@ def main():
         stage = "checksum"
         sums = {m: checksum(params[m]()) for m in modes}
         emit(RESULT, {"rank": fw.rank, "framework": fw.name, "world_size": fw.world, "model": args.model,
-                      "times_s": times, "cpu_s": cpu, "wall_s": wall, "threads": thread_count(), "checksums": sums})
+                      "times_s": times, "cpu_s": cpu, "wall_s": wall, "threads": thread_count(), "checksums": sums,
+                      "skipped": skipped})
         stage = "finalize"
         fw.close()
     except BaseException as e:  # noqa: BLE001 - report anything, including KeyboardInterrupt
