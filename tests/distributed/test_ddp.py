@@ -308,6 +308,7 @@ N = PER_RANK * WS
 D.init()
 model = build(0)
 ddp = D.DistributedDataParallel(model)
+expect(ddp.shard_optimizer == (os.environ.get("CYXWIZ_DDP_SHARD_OPTIMIZER") == "1"), "ddp.shard_optimizer")
 opt = make_opt(kind)
 shadow = build(0)          # a plain model with this rank's data: the local gradient sums of step 0
 shadow.zero_grad()
@@ -344,14 +345,15 @@ finish(digest=digest(ddp.parameters()))
 '''
 
 
-@pytest.mark.parametrize("overlap", ["1", "0"])
-@pytest.mark.parametrize("kind", ["sgd", "adam"])
-@pytest.mark.parametrize("mode", ["guide", "no_sync"])
-def test_gradient_accumulation_equals_one_large_batch(ranks, mode, kind, overlap):
+@pytest.mark.parametrize("mode,kind,overlap,shard", [
+    *[(m, k, o, "0") for m in ("guide", "no_sync") for k in ("sgd", "adam") for o in ("1", "0")],
+    ("guide", "adam", "1", "1"), ("no_sync", "adam", "0", "1"),   # the sharded optimizer step
+])
+def test_gradient_accumulation_equals_one_large_batch(ranks, mode, kind, overlap, shard):
     """The guide's loop (every backward synced, loss / accumulation_steps), and no_sync() for the
     first 3 of 4 micro-batches: both must equal one step on the 4x larger batch."""
-    results = ranks.run(ACCUMULATION, 2, env={"TEST_MODE": mode, "TEST_OPT": kind, "CYXWIZ_DDP_OVERLAP": overlap},
-                        timeout=45)
+    env = {"TEST_MODE": mode, "TEST_OPT": kind, "CYXWIZ_DDP_OVERLAP": overlap, "CYXWIZ_DDP_SHARD_OPTIMIZER": shard}
+    results = ranks.run(ACCUMULATION, 2, env=env, timeout=45)
     reports = reports_of(ranks, results, 2)
     assert_same_digest(reports)
 
@@ -363,6 +365,7 @@ D.init()
 B = 16
 model = build(0)
 ddp = D.DistributedDataParallel(model)
+expect(ddp.shard_optimizer == (os.environ.get("CYXWIZ_DDP_SHARD_OPTIMIZER") == "1"), "ddp.shard_optimizer")
 shadow = build(0)
 shadow.zero_grad()
 X, y = batch(0, B * WS)
@@ -400,9 +403,11 @@ finish(digest=digest(first))
 '''
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_sync_gradients_returns_the_average(ranks, world_size):
-    results = ranks.run(SYNC, world_size, timeout=30)
+@pytest.mark.parametrize("world_size,shard", [(2, "0"), (3, "0"), (2, "1"), (3, "1")])
+def test_sync_gradients_returns_the_average(ranks, world_size, shard):
+    """shard "1": the sharded step reduce-scatters; sync_gradients must still return whole averages."""
+    results = ranks.run(SYNC, world_size, env={"CYXWIZ_DDP_SHARD_OPTIMIZER": shard, "CYXWIZ_DDP_OVERLAP": "1"},
+                        timeout=30)
     reports = reports_of(ranks, results, world_size)
     assert_same_digest(reports)
 

@@ -190,6 +190,7 @@ D.init()
 cfg = D.DDPConfig()
 cfg.bucket_size_mb = 0.0005                       # ~500-byte buckets: several all-reduces per step
 ddp = D.DistributedDataParallel(build(0), cfg)
+expect(ddp.shard_optimizer == (os.environ.get("CYXWIZ_DDP_SHARD_OPTIMIZER") == "1"), "ddp.shard_optimizer")
 opt = make_opt("adam")
 for step in range(STEPS):
     X, y = batch(step, N)
@@ -202,10 +203,12 @@ finish(digest=digest(ddp.parameters()), transport=D.get_config().transport)
 
 
 # overlap "1": bucket all-reduces on the communication thread during backward; "0": all at sync time.
+# shard "1": the sharded optimizer step (reduce-scatter and all-gather across the hosts).
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("overlap", ["0", "1"])
-def test_ddp_on_two_hosts_matches_one_process(ranks, hosts, overlap):
-    results = ranks.wait(start(ranks, hosts, DDP, {"CYXWIZ_DDP_OVERLAP": overlap}), timeout=45)
+@pytest.mark.parametrize("overlap,shard", [("0", "0"), ("1", "0"), ("0", "1")])
+def test_ddp_on_two_hosts_matches_one_process(ranks, hosts, overlap, shard):
+    env = {"CYXWIZ_DDP_OVERLAP": overlap, "CYXWIZ_DDP_SHARD_OPTIMIZER": shard}
+    results = ranks.wait(start(ranks, hosts, DDP, env), timeout=45)
     report = ranks.report(results)[-6000:]
     assert all(r.rc == 0 for r in results), report
     reps = records(results, "RESULT")

@@ -139,7 +139,10 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
 
 Tensor DistributedDataParallel::backward(const Tensor& gradOutput, bool needInputGrad) {
   checkModelUnchanged("backward");
-  waitAll();  // the last backward's all-reduces write into the buckets this one adds to
+  // The last backward's all-reduces write into the buckets this one adds to. A reduce-scattered
+  // bucket (sharded step, no update since) holds the average in this rank's part only: made whole
+  // first, adding to it and reducing again averages the sum, as with an all-reduce.
+  completeGradients();
   const bool reduce = requireSync_ && worldSize() > 1 && overlap_;
   auto& buckets = buckets_->buckets();
   for (Bucket& b : buckets) b.pending = b.layers;
