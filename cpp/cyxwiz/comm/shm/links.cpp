@@ -8,6 +8,11 @@
 namespace cyxwiz::comm::shm {
 
 namespace {
+// The call header's check raises first on any mismatch a user can cause: reaching these errors means
+// the ranks disagree on a step's sizes anyway.
+constexpr const char* kOutOfStep =
+    ": the ranks are out of step; every rank must call the same collectives in the same order with arrays of the "
+    "same size (if they do, run with CYXWIZ_SHM_ALGORITHM=direct and report this)";
 
 // What a member writes at the start of its half in each round of a step.
 struct alignas(64) Record {
@@ -90,7 +95,7 @@ void Links::run(Step& step, int from, int to) {
     const Record& theirs = records[static_cast<size_t>(from)];
     if (theirs.bytes > recvTotal - got) {
       throw BackendError(makeString(what(), ": rank ", rank(from), " sent ", got + theirs.bytes, " bytes where this rank "
-                                    "expected ", recvTotal, ": the ranks are out of step"));
+                                    "expected ", recvTotal, kOutOfStep));
     }
     copy<true>(step.recv, got, const_cast<uint8_t*>(w_.half(from, h)) + kRecordBytes, theirs.bytes);
     got += theirs.bytes;
@@ -119,12 +124,12 @@ void Links::run(Step& step, int from, int to) {
       // waits on another (every member sees the same records and raises the same).
       throw BackendError(makeString(what(), ": a step through shared memory stalled with ", recvTotal - got, " of ",
                                     recvTotal, " bytes still to come from rank ", rank(from), " and ", sendTotal - sent,
-                                    " of ", sendTotal, " to send: the ranks are out of step"));
+                                    " of ", sendTotal, " to send", kOutOfStep));
     }
   }
   if (got != recvTotal) {
     throw BackendError(makeString(what(), ": rank ", rank(from), " sent ", got, " bytes where this rank expected ",
-                                  recvTotal, ": the ranks are out of step"));
+                                  recvTotal, kOutOfStep));
   }
 }
 
