@@ -2,8 +2,8 @@
 real processes on 127.0.0.1.
 
 Oracles: in the same processes, the same model wrapped without sharding and trained on the same
-batches (2 ranks on one host: bit-identical, since every element is reduced in rank order by one rank
-either way; 3 ranks or TCP: within float32 rounding), and one process trained on the whole global
+batches (2 ranks on one host: bit-identical, since each element is reduced once, by one rank, and a
+sum of two floats does not depend on their order; 3 ranks or TCP: within float32 rounding), and one process trained on the whole global
 batch. The optimizer state put together from the shards (ddp.optimizer_state_dict) must equal the
 unsharded optimizer's state_dict(). Misuse raises on every rank with the remedy.
 """
