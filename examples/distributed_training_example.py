@@ -4,6 +4,7 @@
     ./launch_distributed.sh 2 python examples/distributed_training_example.py --epochs 5
     ./launch_distributed.sh 2 python examples/distributed_training_example.py --low-level
     torchrun --nproc_per_node=2 examples/distributed_training_example.py --scale-lr sqrt
+    ./launch_distributed.sh 2 python examples/distributed_training_example.py --shard-optimizer
 
 Two ways to train the same model on the same synthetic 10-class problem:
 
@@ -46,6 +47,8 @@ def parse_args():
     p.add_argument("--low-level", action="store_true",
                    help="write the loop out with DDP + DistributedSampler + DistributedBatchIterator")
     p.add_argument("--accumulation-steps", type=int, default=2, help="--low-level: batches per optimizer step")
+    p.add_argument("--shard-optimizer", action="store_true",
+                   help="shard the optimizer step across the ranks (ZeRO stage 1: each rank updates 1/N)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--out", default="distributed_model.cyxmodel", help="rank 0 saves the trained model here")
     args = p.parse_args()
@@ -78,8 +81,16 @@ def log(*a):
 
 # ---- the high-level path -------------------------------------------------------------------------
 
+def ddp_settings(args):
+    ddp_config = dist.DDPConfig()
+    ddp_config.broadcast_parameters = True     # every rank starts from rank 0's weights
+    ddp_config.bucket_size_mb = 25             # gradients are averaged bucket by bucket during backward
+    ddp_config.shard_optimizer = args.shard_optimizer  # each rank updates its 1/N of every bucket
+    return ddp_config
+
+
 def train_with_trainer(args, model, loss_fn, optimizer, X_train, y_train):
-    trainer = dist.DistributedTrainer(model, loss_fn, optimizer)
+    trainer = dist.DistributedTrainer(model, loss_fn, optimizer, ddp_settings(args))
 
     config = dist.DistributedTrainingConfig()
     config.epochs = args.epochs
@@ -142,11 +153,11 @@ def train_low_level(args, model, loss_fn, optimizer, X_train, y_train):
     X_fit, y_fit = X_train[:len(X_train) - n_val], y_train[:len(y_train) - n_val]
     X_val, y_val = X_train[len(X_train) - n_val:], y_train[len(y_train) - n_val:]
 
-    ddp_config = dist.DDPConfig()
-    ddp_config.broadcast_parameters = True     # every rank starts from rank 0's weights
-    ddp_config.bucket_size_mb = 25             # gradients are averaged bucket by bucket during backward
-    ddp = dist.DistributedDataParallel(model, ddp_config)
+    ddp = dist.DistributedDataParallel(model, ddp_settings(args))
     log(f"DDP buckets (parameters, bytes), reduced in this order: {ddp.bucket_sizes()}")
+    if ddp.shard_optimizer:
+        log(f"optimizer step sharded across {ddp.get_world_size()} ranks: each updates 1/{ddp.get_world_size()} "
+            "of every bucket")
 
     # Every rank gets the same number of samples, so the same number of batches; drop_last=True leaves
     # out the few rows that do not divide evenly (the default repeats a few rows instead).

@@ -137,10 +137,13 @@ def test_comprehensive_example_trainer(ranks, tmp_path):
     assert "checkpoint_epoch_0003.ckpt" in {p.name for p in ckpt.iterdir()}
 
 
-def test_comprehensive_example_low_level(ranks, tmp_path):
+@pytest.mark.parametrize("shard", [False, True], ids=["plain", "shard-optimizer"])
+def test_comprehensive_example_low_level(ranks, tmp_path, shard):
     args = ["--low-level", "--epochs", "2", "--samples", "2000", "--accumulation-steps", "2",
-            "--scale-lr", "sqrt", "--checkpoint-dir", tmp_path / "ckpt", "--out", tmp_path / "low.cyxmodel"]
+            "--scale-lr", "sqrt", "--checkpoint-dir", tmp_path / "ckpt", "--out", tmp_path / "low.cyxmodel",
+            *(["--shard-optimizer"] if shard else [])]
     (out0, err0), (out1, err1) = run_by_hand(ranks, 2, python("distributed_training_example.py", *args))
+    assert ("optimizer step sharded across 2 ranks" in out0) == shard, out0
     assert out1.strip() == "", "rank 1 printed on stdout:\n" + out1
     assert len(epoch_lines(out0)) == 2, out0 + err0
     assert parse_test_accuracy(out0) > 0.8, out0

@@ -400,8 +400,16 @@ def test_mismatch_names_the_rank_whose_header_differed(watch, transport, algorit
     procs = watch.start(MISMATCH_CODE, 4, rank_env=rank_env)
     watch.finish(procs, timeout=40)
     report = watch.report(procs)
-    _, e = procs[0].record("ERROR")
-    assert "mismatch with rank 1, which called all_reduce" in e["msg"], report
+    # Only a rank that compares headers with rank 1 can see a difference: whoever detects it (rank 0
+    # itself, or rank 1, whose report reaches rank 0 first when it is quicker) must name the other of
+    # that pair. The defect this guards against had rank 0 name its left neighbour, rank 3.
+    detections = set()
+    for p in procs:
+        _, e = p.record("ERROR")
+        for detector, named in re.findall(r"\[rank (\d)/4\] all_reduce #\d+ \([^)]*\): mismatch with rank (\d)", e["msg"]):
+            detections.add((int(detector), int(named)))
+    assert detections, f"no rank says 'mismatch with rank N':\n{report}"
+    assert all(1 in pair for pair in detections), f"a mismatch named a rank whose header did not differ: {detections}\n{report}"
 
 
 # -------------------------------------------------------------- a rank leaves while others work
