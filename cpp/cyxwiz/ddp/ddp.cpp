@@ -245,8 +245,7 @@ void DistributedDataParallel::guardGradients(nn::SequentialModel::GradientUse us
 void DistributedDataParallel::syncGradients() {
   checkModelUnchanged("sync_gradients");
   launchStale();
-  waitAll();
-  completeGradients();
+  completeGradients();  // waits for them all first
 }
 
 void DistributedDataParallel::updateParameters(nn::Optimizer& optimizer) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
 #include "cyxwiz/nn/sequential.h"
 
 namespace cyxwiz::nn {
@@ -20,7 +21,7 @@ void Optimizer::setLearningRate(double lr) {
 
 void Optimizer::ensureState(const std::vector<Parameter*>& params) {
   const size_t nslots = slotNames().size();
-  CYX_CHECK(shard_.empty() || shard_.size() == params.size(), typeName(), ".step: this optimizer is sharded for a model of ",
+  CYX_CHECK(shard_.empty() || shard_.size() == params.size(), rankPrefix(), typeName(), ".step: this optimizer is sharded for a model of ",
             shard_.size(), " parameters but was given ", params.size(), "; use one optimizer per model");
   // A buffer's shape: the parameter's, or its shard's length.
   auto shapeOf = [&](size_t i) -> Shape {
@@ -57,13 +58,13 @@ void Optimizer::ensureState(const std::vector<Parameter*>& params) {
 
 void Optimizer::setShard(std::vector<std::pair<int64_t, int64_t>> ranges) {
   if (ranges == shard_) return;
-  CYX_CHECK(!slotsSharded_, typeName(), ": this optimizer holds sharded state for another DistributedDataParallel; use "
+  CYX_CHECK(!slotsSharded_, rankPrefix(), typeName(), ": this optimizer holds sharded state for another DistributedDataParallel; use "
             "one optimizer per model");
   shard_ = std::move(ranges);
 }
 
 void Optimizer::step(SequentialModel& model) {
-  CYX_CHECK(shard_.empty(), typeName(), ".step(model): this optimizer is sharded across ranks by DistributedDataParallel "
+  CYX_CHECK(shard_.empty(), rankPrefix(), typeName(), ".step(model): this optimizer is sharded across ranks by DistributedDataParallel "
             "(shard_optimizer=True) and updates only this rank's share of each parameter; call "
             "ddp.update_parameters(optimizer), which also shares the updated parameters");
   model.guardGradients(SequentialModel::GradientUse::Step);
@@ -146,7 +147,7 @@ OptimizerState Optimizer::state(const GatherSlot& gather) const {
 }
 
 OptimizerState Optimizer::state() const {
-  CYX_CHECK(!slotsSharded_, typeName(), ".state_dict: this optimizer's state is sharded across ranks by "
+  CYX_CHECK(!slotsSharded_, rankPrefix(), typeName(), ".state_dict: this optimizer's state is sharded across ranks by "
             "DistributedDataParallel (shard_optimizer=True); call ddp.optimizer_state_dict(optimizer) on every rank, "
             "which puts the shards together");
   OptimizerState out = scalars();

@@ -359,6 +359,12 @@ std::shared_ptr<Work> CpuBackend::staged(const CallSignature& call, const Tensor
   return work;
 }
 
+CallSignature CpuBackend::onBuffer(Collective c, const Tensor& data, ReduceOp op) const {
+  CallSignature call = callSignature(c, data, op);
+  if (shm_) call.buffer = shm_->buffers.find(data.rawData(), data.nbytes(), shm_->me());
+  return call;
+}
+
 std::shared_ptr<Work> CpuBackend::allReduce(const Tensor& data, ReduceOp op, bool async) {
   if (data.isCuda()) {
     return staged(callSignature(Collective::AllReduce, data, op), data, data,
@@ -366,9 +372,7 @@ std::shared_ptr<Work> CpuBackend::allReduce(const Tensor& data, ReduceOp op, boo
   }
   requireCpu(data, "all_reduce");
   checkReduceOp(op, data.dtype());
-  CallSignature call = callSignature(Collective::AllReduce, data, op);
-  if (shm_) call.buffer = shm_->buffers.find(data.rawData(), data.nbytes(), shm_->me());
-  return submit(call, async, [data, op](Collectives& ring) {
+  return submit(onBuffer(Collective::AllReduce, data, op), async, [data, op](Collectives& ring) {
     ring.allReduce(data.rawData(), static_cast<size_t>(data.numel()), data.dtype(), op);
   });
 }
@@ -443,9 +447,7 @@ std::shared_ptr<Work> CpuBackend::reduceScatterInPlace(const Tensor& data, Reduc
   }
   requireCpu(data, "reduce_scatter");
   checkReduceOp(op, data.dtype());
-  CallSignature call = callSignature(Collective::ReduceScatterInPlace, data, op);
-  if (shm_) call.buffer = shm_->buffers.find(data.rawData(), data.nbytes(), shm_->me());
-  return submit(call, async, [data, op](Collectives& ring) {
+  return submit(onBuffer(Collective::ReduceScatterInPlace, data, op), async, [data, op](Collectives& ring) {
     ring.reduceScatterInPlace(data.rawData(), static_cast<size_t>(data.numel()), data.dtype(), op);
   });
 }
@@ -456,9 +458,7 @@ std::shared_ptr<Work> CpuBackend::allGatherInPlace(const Tensor& data, bool asyn
                   [&](const Tensor& h, const Tensor&) { allGatherInPlace(h, false)->wait(); });
   }
   requireCpu(data, "all_gather");
-  CallSignature call = callSignature(Collective::AllGatherInPlace, data);
-  if (shm_) call.buffer = shm_->buffers.find(data.rawData(), data.nbytes(), shm_->me());
-  return submit(call, async, [data](Collectives& ring) {
+  return submit(onBuffer(Collective::AllGatherInPlace, data), async, [data](Collectives& ring) {
     ring.allGatherInPlace(data.rawData(), static_cast<size_t>(data.numel()), data.dtype());
   });
 }

@@ -81,6 +81,9 @@ class CpuBackend final : public Backend {
   std::vector<tcp::Pair*> allLinks();  // every collective link (some may be unused: closed)
   void closeLinks();
   static void requireCpu(const Tensor& t, const char* what);
+  // The signature of a collective on the whole of `data`, naming the shared buffer it is, if any
+  // (CallSignature::buffer: then the shared-memory algorithms read it where it lies).
+  CallSignature onBuffer(Collective c, const Tensor& data, ReduceOp op = ReduceOp::Sum) const;
   std::shared_ptr<Work> pointToPoint(Collective kind, const Tensor& data, int peer, int64_t tag);
   // A host tensor and a peer that is another rank of this world (or -1: any, where allowed).
   void checkPeer(const char* what, const Tensor& data, int peer, bool anySource);
