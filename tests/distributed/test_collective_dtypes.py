@@ -135,7 +135,10 @@ def check16(name, got, inputs, op, dtype):
         ref = s.any(axis=0) if op in ("SUM", "MAX") else s.all(axis=0)
         bad = got != ref
     elif dtype not in ("float16", "bfloat16"):
-        ref = {"SUM": np.add, "PRODUCT": np.multiply, "MAX": np.maximum, "MIN": np.minimum}[op].reduce(s, axis=0, dtype=s.dtype)
+        fn = {"SUM": np.add, "AVG": np.add, "PRODUCT": np.multiply, "MAX": np.maximum, "MIN": np.minimum}[op]
+        ref = fn.reduce(s, axis=0, dtype=s.dtype)
+        if op == "AVG":  # the wrapped sum over n, truncated toward zero (torch's and NCCL's AVG of integers)
+            ref = (np.sign(ref) * (np.abs(ref.astype(np.int64)) // n)).astype(s.dtype)
         bad = got != ref
     elif op in ("MAX", "MIN"):
         w, g = widen(s, dtype), widen(got, dtype)
@@ -177,7 +180,7 @@ def make_group():
 
 
 def ops_for(dtype):
-    return [op for op in OPS if op != "AVG" or dtype in ("float16", "bfloat16")]
+    return [op for op in OPS if op != "AVG" or dtype != "bool"]
 '''
 
 COLLECTIVES = PRELUDE + r'''
@@ -262,7 +265,7 @@ def test_every_op_and_new_dtype_against_numpy(ranks, world_size, slice_bytes):
         env["CYXWIZ_RING_SLICE_BYTES"] = slice_bytes
     results = ranks.run(COLLECTIVES, world_size, env=env, timeout=240)
     reports = outputs(ranks, results, world_size)
-    assert len(reports[0]["digests"]) == (2 * 5 + 4 * 4) * len(counts)  # (2 floats x 5 ops + 4 others x 4 ops) x counts
+    assert len(reports[0]["digests"]) == (5 * 5 + 4) * len(counts)  # (2 floats and 3 integers x 5 ops + bool x 4 ops) x counts
     for rep in reports[1:]:
         differing = [k for k in reports[0]["digests"] if rep["digests"].get(k) != reports[0]["digests"][k]]
         assert not differing, f"rank {rep['rank']} ended with other bits than rank 0: {differing[:10]}"
@@ -272,14 +275,12 @@ def test_every_op_and_new_dtype_against_numpy(ranks, world_size, slice_bytes):
 ERRORS = PRELUDE + r'''
 dist.init()
 group = make_group()
-# AVG of integers and bool: refused before anything is sent, with the remedy.
-for dtype in ["int8", "uint8", "int16", "bool"]:
-    x = make16(RANK, dtype, 5)
-    before = x.copy()
-    for fn in [dist.all_reduce, dist.reduce_scatter, group.all_reduce]:
-        expect_raises(ValueError, fn, x, op=dist.ReduceOp.AVG,
-                      contains=["ReduceOp.AVG needs a floating-point array", dtype, "use ReduceOp.SUM"])
-    expect(np.array_equal(x, before), f"a refused AVG changed the {dtype} array")
+# AVG of bool: refused before anything is sent, with the remedy.
+x = make16(RANK, "bool", 5)
+before = x.copy()
+for fn in [dist.all_reduce, dist.reduce_scatter, group.all_reduce]:
+    expect_raises(ValueError, fn, x, op=dist.ReduceOp.AVG, contains=["ReduceOp.AVG of a bool array", "ReduceOp.MAX"])
+expect(np.array_equal(x, before), "a refused AVG changed the bool array")
 # What stays refused, and what dtype= takes.
 for dtype in ["uint16", "uint32", "uint64", "complex64", "float128"]:
     expect_raises(TypeError, dist.all_reduce, np.zeros(4, dtype), contains=["all_reduce", dtype, "is not supported"])
@@ -313,4 +314,4 @@ done()
 def test_refused_calls_and_dtype_mismatch_between_ranks(ranks):
     results = ranks.run(ERRORS, 2, env={"GROUP_PORT": free_port()})
     reports = outputs(ranks, results, 2)
-    assert all(rep["checks"] >= 30 for rep in reports), [rep["checks"] for rep in reports]
+    assert all(rep["checks"] >= 20 for rep in reports), [rep["checks"] for rep in reports]

@@ -62,11 +62,9 @@ def on_gpu(name, t):
 
 COUNTS = sorted({1, 7, max(WS - 1, 1), 4 * WS + 1, 16385})
 
-# all_reduce: in place, every op and dtype (AVG: floats only, as for numpy arrays).
+# all_reduce: in place, every op and dtype (AVG of integers truncates toward zero, as for numpy arrays).
 for dtype in DTYPES:
     for op in OPS:
-        if op == "AVG" and dtype.startswith("int"):
-            continue
         for count in COUNTS:
             name = f"all_reduce {op} {dtype} x{count}"
             t = gpu(make(RANK, dtype, count, op, tag=100))
@@ -83,12 +81,6 @@ if ok:
     expect(isinstance(w, dist.Work) and w.wait() is True and w.is_success(), f"async all_reduce: {w!r}")
     expect(t.shape == (3, 5), f"all_reduce (3, 5): became {t.shape}")
     oracle_check("all_reduce async (3, 5)", t.numpy(), [make(r, "float32", 15, tag=101) for r in range(WS)], "SUM", "float32")
-
-# AVG of integers is refused on GPU tensors as on numpy arrays, and the tensor is left alone.
-for dtype in ("int32", "int64"):
-    t = gpu(np.arange(5, dtype=dtype))
-    expect_raises(ValueError, dist.all_reduce, t, op=dist.ReduceOp.AVG, contains=["AVG"])
-    expect(np.array_equal(t.numpy(), np.arange(5)), f"a refused AVG changed the {dtype} tensor: {t.numpy()}")
 
 # broadcast: from every source.
 for src in range(WS):
@@ -123,8 +115,6 @@ for dtype in DTYPES:
 # reduce_scatter: numpy.array_split(reduced.ravel(), WS)[RANK], counts not divisible by WS included.
 for dtype in DTYPES:
     for op in OPS:
-        if op == "AVG" and dtype.startswith("int"):
-            continue
         for shape in [(1,), (max(WS - 1, 1),), (4 * WS + 1,), (16385,), (5, 7)]:
             count = int(np.prod(shape))
             name = f"reduce_scatter {op} {dtype} {shape}"
@@ -180,6 +170,35 @@ def test_collectives_on_gpu_tensors(ranks, backend, world_size):
     results = ranks.run(GPU_COLLECTIVES, world_size, env={"DISTRIBUTED_BACKEND": backend}, timeout=90)
     reports = collective_reports(ranks, results, world_size)
     assert all(rep["checks"] > 250 for rep in reports), [rep["checks"] for rep in reports]
+
+
+# NCCL at world size 1: AVG must give back the input, every element of it, out of place too. NCCL
+# before 2.29.7 left the tail of a one-rank float AVG unwritten (NVIDIA/nccl#1950: 5 of 16385 float64
+# elements read 0.0 on an H200 with NCCL 2.28.9); the emulator plays that version, defect included,
+# when CYXWIZ_EMULATED_NCCL_VERSION is set. The sizes are those of the H200 run: wrong, then right.
+ONE_RANK_AVG = COLLECTIVES_PRELUDE + r'''
+dist.init()
+expect(dist.get_backend() == "nccl", f"backend {dist.get_backend()}")
+for dtype, count in [("float64", 16385), ("float64", 1000003), ("float32", 4097), ("float64", 16384),
+                     ("float64", 4097), ("float32", 16385), ("int64", 4097)]:
+    x = make(0, dtype, count, "AVG", tag=150)
+    for name, run in [("reduce_scatter", lambda t: np.asarray(dist.reduce_scatter(t, op=dist.ReduceOp.AVG))),
+                      ("all_reduce", lambda t: (dist.all_reduce(t, op=dist.ReduceOp.AVG), t.numpy())[1])]:
+        got = run(cx.Tensor(x).to("cuda:0"))
+        wrong = np.flatnonzero(got != x)
+        expect(got.shape == x.shape and wrong.size == 0,
+               f"{name} AVG {dtype} ({count},) at world size 1: {wrong.size} of {count} elements are not the input; "
+               f"first at {wrong[:1].tolist()}: got {got[wrong[:1]].tolist()}, expected {x[wrong[:1]].tolist()}")
+done()
+'''
+
+
+def test_one_rank_nccl_avg_is_the_input(ranks):
+    # On a GPU the installed NCCL runs (the variable is the emulator's alone).
+    env = {"DISTRIBUTED_BACKEND": "nccl", "CYXWIZ_EMULATED_NCCL_VERSION": "22809"}
+    results = ranks.run(ONE_RANK_AVG, 1, env=env, timeout=90)
+    reports = collective_reports(ranks, results, 1)
+    assert reports[0]["checks"] >= 14, reports
 
 
 # ---- DistributedDataParallel with the model on the GPU -------------------------------------------

@@ -116,6 +116,15 @@ void divideBy(void* data, size_t count, int worldSize) {
   for (size_t i = 0; i < count; ++i) d[i] = E::store(E::load(d[i]) / n);
 }
 
+// AVG of integers as torch and NCCL define it: the (wrapped) sum divided by the world size,
+// truncated toward zero, which is what C++ integer division does.
+template <typename T>
+void truncatedQuotient(void* data, size_t count, int worldSize) {
+  T* d = static_cast<T*>(data);
+  const auto n = static_cast<std::conditional_t<std::is_signed_v<T>, int64_t, uint64_t>>(worldSize);
+  for (size_t i = 0; i < count; ++i) d[i] = static_cast<T>(d[i] / n);
+}
+
 }  // namespace
 
 void reduceInto(void* acc, const void* in, size_t count, DType dtype, ReduceOp op) {
@@ -140,15 +149,19 @@ void finishAverage(void* data, size_t count, DType dtype, int worldSize) {
     case DType::Float64: divideBy<Plain<double>>(data, count, worldSize); return;
     case DType::Float16: divideBy<WidenedHalf>(data, count, worldSize); return;
     case DType::BFloat16: divideBy<WidenedBFloat16>(data, count, worldSize); return;
-    // checkReduceOp refused AVG of these before anything was sent.
-    case DType::Int32: case DType::Int64: case DType::Int8: case DType::UInt8: case DType::Int16: case DType::Bool: return;
+    case DType::Int32: truncatedQuotient<int32_t>(data, count, worldSize); return;
+    case DType::Int64: truncatedQuotient<int64_t>(data, count, worldSize); return;
+    case DType::Int8: truncatedQuotient<int8_t>(data, count, worldSize); return;
+    case DType::UInt8: truncatedQuotient<uint8_t>(data, count, worldSize); return;
+    case DType::Int16: truncatedQuotient<int16_t>(data, count, worldSize); return;
+    case DType::Bool: return;  // checkReduceOp refused it before anything was sent
   }
 }
 
 void checkReduceOp(ReduceOp op, DType dtype) {
-  if (op == ReduceOp::Avg && !isFloating(dtype)) {
-    throw InvalidArgument(makeString("ReduceOp.AVG needs a floating-point array (float16, bfloat16, float32 or float64), got ",
-                                     dtypeName(dtype), "; use ReduceOp.SUM and divide by the world size yourself"));
+  if (op == ReduceOp::Avg && dtype == DType::Bool) {
+    throw InvalidArgument("ReduceOp.AVG of a bool array has no meaning; use ReduceOp.MAX (any) or ReduceOp.MIN (all), "
+                          "or convert it to an integer or float type first");
   }
 }
 

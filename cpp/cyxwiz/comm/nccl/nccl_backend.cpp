@@ -29,7 +29,14 @@ bool hasElemType(DType d) {
   return false;
 }
 cuda::ElemType elemType(DType d) { return static_cast<cuda::ElemType>(static_cast<int>(d)); }  // after hasElemType
-cuda::ReduceKind reduceKind(ReduceOp op) { return static_cast<cuda::ReduceKind>(static_cast<int>(op)); }
+// At world size 1 AVG is handed to NCCL as SUM: the same value (the sum of one contribution is
+// itself), and NCCL before 2.29.7 left the tail of a one-rank float AVG unwritten (its one-rank
+// kernel split the elements between blocks rounding down; NVIDIA/nccl#1950). SUM of one rank is a
+// copy there, in every version.
+cuda::ReduceKind reduceKind(ReduceOp op, int worldSize) {
+  if (op == ReduceOp::Avg && worldSize == 1) op = ReduceOp::Sum;
+  return static_cast<cuda::ReduceKind>(static_cast<int>(op));
+}
 
 // A collective's buffers while it may still run on the communication stream. Freeing them is
 // stream-ordered on the compute stream, which does not wait for the communication stream: a Work
@@ -230,7 +237,8 @@ std::shared_ptr<Work> NcclBackend::enqueue(CallSignature call, const Tensor& sen
   cuda::Status s = api_->ncclCollective(comm_, device_.index, kind, send.rawData(), recv.rawData(),
                                         static_cast<size_t>(kind == cuda::CollectiveKind::ReduceScatter ? recv.numel()
                                                                                                       : send.numel()),
-                                        elemType(call.dtype), reduceKind(call.op), static_cast<int>(call.root));
+                                        elemType(call.dtype), reduceKind(call.op, config_.worldSize),
+                                        static_cast<int>(call.root));
   if (!s.empty()) fail(what + ": " + s, false);
   awaitComm(what, deadline);
   void* event = nullptr;

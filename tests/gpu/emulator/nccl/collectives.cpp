@@ -3,6 +3,7 @@
 // the helper thread, on a non-blocking one, which reports ncclInProgress until then). On the stream's
 // worker: one rank copies; several exchange through shared memory (shared_comm.h). While the stream
 // is being captured the work is recorded into the graph, which then holds the communicator.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -32,6 +33,20 @@ size_t typeBytes(ncclDataType_t t) {
     case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
     default: return 0;
   }
+}
+
+// How many leading elements NCCL's one-rank kernel writes for AVG of a float type (ncclDevPreMulSum,
+// src/device/onerank.cu): before 2.29.7 it gave each of min(32, bytes / 16 KiB rounded up) blocks
+// alignUp(n / blocks, 16-byte pack) elements, the quotient rounded down, so the last n % blocks or so
+// elements were never written (NVIDIA/nccl#1950; seen on an H200 with 2.28.9). All of them since.
+size_t oneRankAvgWritten(const CollectiveCall& call, size_t itemBytes) {
+  const bool floating = call.type == ncclFloat16 || call.type == ncclBfloat16 || call.type == ncclFloat32 ||
+                        call.type == ncclFloat64;
+  if (call.op != ncclAvg || !floating || emulatedVersion() >= 22907 || call.count == 0) return call.count;
+  const size_t blocks = std::min<size_t>(32, (call.count * itemBytes + (16 << 10) - 1) / (16 << 10));
+  const size_t pack = 16 / itemBytes;
+  const size_t perBlock = (call.count / blocks + pack - 1) / pack * pack;
+  return std::min(call.count, blocks * perBlock);
 }
 
 bool hangRequested() {  // read at each collective that runs, a replayed one included
@@ -106,7 +121,7 @@ void runOnWorker(ncclComm& c, const CollectiveCall& call, const char* what) {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(500 + 1000 * ms));
     // One rank: every reduction of one contribution is itself (AVG too), broadcast is from rank 0.
-    const size_t bytes = call.count * typeBytes(call.type);
+    const size_t bytes = oneRankAvgWritten(call, typeBytes(call.type)) * typeBytes(call.type);
     if (bytes && call.send != call.recv) std::memmove(call.recv, call.send, bytes);
   } else if (!block) {
     std::string why;

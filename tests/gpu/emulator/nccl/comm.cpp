@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
@@ -189,13 +190,33 @@ ncclComm::~ncclComm() {
   }
 }
 
+namespace cxemu::nccl {
+
+int emulatedVersion() {
+  static const int version = [] {
+    const char* env = std::getenv("CYXWIZ_EMULATED_NCCL_VERSION");
+    if (!env || !*env) return NCCL_VERSION_CODE;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end || v < 20000 || v > NCCL_VERSION_CODE) {
+      std::fprintf(stderr, "emulator: CYXWIZ_EMULATED_NCCL_VERSION=%s is not a version code from 20000 to %d "
+                           "(2.28.9 is 22809); playing %d\n", env, NCCL_VERSION_CODE, NCCL_VERSION_CODE);
+      return NCCL_VERSION_CODE;
+    }
+    return static_cast<int>(v);
+  }();
+  return version;
+}
+
+}  // namespace cxemu::nccl
+
 using namespace cxemu::nccl;
 
 extern "C" {
 
 ncclResult_t ncclGetVersion(int* version) {
   if (!version) return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
-  *version = NCCL_VERSION_CODE;
+  *version = emulatedVersion();
   return ncclSuccess;
 }
 

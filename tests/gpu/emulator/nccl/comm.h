@@ -89,4 +89,8 @@ void blockUntilReleased(ncclComm& c);
 // The calling thread's NCCL group depth (ncclGroupStart/End).
 int groupDepth();
 
+// The NCCL version the emulator plays: NCCL_VERSION_CODE, or CYXWIZ_EMULATED_NCCL_VERSION (a code
+// such as 22809 for 2.28.9), which also brings back that version's known defects (collectives.cpp).
+int emulatedVersion();
+
 }  // namespace cxemu::nccl
