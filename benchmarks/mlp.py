@@ -35,3 +35,14 @@ def torch_mlp(torch, sizes):
         if i < len(sizes) - 2:
             layers.append(torch.nn.ReLU())
     return torch.nn.Sequential(*layers)
+
+
+def build_torch(torch, sizes, weights, device, fused):
+    """torch_mlp with the given (pycyxwiz's) initial weights on `device`, and its Adam (fused or not)."""
+    model = torch_mlp(torch, sizes)
+    with torch.no_grad():  # pycyxwiz's initial weights; the parameter order matches (W0, b0, W1, b1, ...)
+        for p, w in zip(model.parameters(), weights):
+            p.copy_(torch.from_numpy(w))
+    model.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=LR, fused=True) if fused else torch.optim.Adam(model.parameters(), lr=LR)
+    return model, opt
