@@ -76,18 +76,19 @@ unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT DISTRIBUTED_BACKEND
 
 elapsed() { echo $(($(date +%s) - T_START)); }
 
-# step NAME LOG [--needs-build] [--needs-pycyxwiz] [--check] [--est S] [--timeout S] -- COMMAND...: runs
+# step NAME LOG [--needs-build] [--needs-pycyxwiz] [--check] [--limited-ok] [--est S] [--timeout S] -- COMMAND...: runs
 # COMMAND with its output in $DIR/LOG, records its exit status and time. A --check's exit 2 is
 # "inconclusive", 3 "hung". --est: the step's expected seconds; it is skipped when the run's elapsed
 # time plus that would pass BUDGET_S. --timeout: its limit (`timeout`), cut to what is left of the budget.
 step() {
-  local name="$1" log="$2" needs_build=0 needs_cx=0 check=0 est=0 limit=""
+  local name="$1" log="$2" needs_build=0 needs_cx=0 check=0 limited=0 est=0 limit=""
   shift 2
   while [ "$1" != "--" ]; do
     case "$1" in
       --needs-build) needs_build=1 ;;
       --needs-pycyxwiz) needs_cx=1 ;;
       --check) check=1 ;;
+      --limited-ok) limited=1 ;;  # gpu_step.py: exit 2 = no GPU for torch (LIMITED verdict) or none at all
       --est) est="$2"; shift ;;
       --timeout) limit="$2"; shift ;;
     esac
@@ -133,7 +134,9 @@ step() {
   rc=$?
   case "$rc" in
     0) status="passed" ;;
-    2) if [ "$check" = 1 ]; then status="inconclusive (see the JSON line)"; else status="FAILED"; fi ;;
+    2) if [ "$check" = 1 ]; then status="inconclusive (see the JSON line)"
+       elif [ "$limited" = 1 ]; then status="limited: no verdict here (see its log)"
+       else status="FAILED"; fi ;;
     3) if [ "$check" = 1 ]; then status="FAILED: hung (watchdog)"; else status="FAILED"; fi ;;
     124 | 137) if [ "$cut" = 1 ]; then status="FAILED: timed out (at the budget, $limit s)"; else status="FAILED: timed out"; fi ;;
     *) status="FAILED" ;;
@@ -241,10 +244,10 @@ step "NCCL: destroy with a graph alive (informational)" probe_finalize_graph.log
 # full run, unless there is none.
 QUICK_DRIFT=()
 [ "${GPU_STEP_FULL:-1}" != 0 ] && QUICK_DRIFT=(--no-drift)
-step "benchmarks/gpu_step.py --quick" gpu_step_quick.log --needs-build --est "$EST_GPU_STEP_QUICK" --timeout 900 -- \
+step "benchmarks/gpu_step.py --quick" gpu_step_quick.log --needs-build --limited-ok --est "$EST_GPU_STEP_QUICK" --timeout 900 -- \
   "$PY" benchmarks/gpu_step.py --quick --no-plot --tag quick --out-dir "$DIR" ${QUICK_DRIFT[@]+"${QUICK_DRIFT[@]}"}
 if [ "${GPU_STEP_FULL:-1}" != 0 ]; then
-  step "benchmarks/gpu_step.py (full)" gpu_step_full.log --needs-build --est "$EST_GPU_STEP_FULL" --timeout 1800 -- \
+  step "benchmarks/gpu_step.py (full)" gpu_step_full.log --needs-build --limited-ok --est "$EST_GPU_STEP_FULL" --timeout 1800 -- \
     "$PY" benchmarks/gpu_step.py --tag full --out-dir "$DIR"
 fi
 
