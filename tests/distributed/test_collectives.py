@@ -469,8 +469,10 @@ for fn in ops:
     expect(np.array_equal(ro, np.arange(6)) and np.array_equal(base, np.arange(12)), f"{fn.__name__}: input changed by a refused call")
 
 x = np.array([True, False, True, False, True])
-expect_raises(ValueError, dist.all_reduce, x, op=dist.ReduceOp.AVG, contains=["AVG", "bool", "MAX"])
-expect_raises(ValueError, dist.reduce_scatter, x, op=dist.ReduceOp.AVG, contains=["AVG", "bool"])
+expect_raises(ValueError, dist.all_reduce, x, op=dist.ReduceOp.AVG,
+              contains=[f"[rank {RANK}/{WS}] all_reduce: ReduceOp.AVG", "bool", "MAX"])
+expect_raises(ValueError, dist.reduce_scatter, x, op=dist.ReduceOp.AVG,
+              contains=[f"[rank {RANK}/{WS}] reduce_scatter: ReduceOp.AVG", "bool"])
 expect(np.array_equal(x, [True, False, True, False, True]), "refused AVG changed the array")
 expect_raises(ValueError, dist.all_reduce, x, op=dist.ReduceOp.AVG, async_op=True, contains=["AVG"])
 

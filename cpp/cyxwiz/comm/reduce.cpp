@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/common/logging.h"
 #include "cyxwiz/tensor/half.h"
 
 namespace cyxwiz::comm {
@@ -158,10 +159,10 @@ void finishAverage(void* data, size_t count, DType dtype, int worldSize) {
   }
 }
 
-void checkReduceOp(ReduceOp op, DType dtype) {
+void checkReduceOp(ReduceOp op, DType dtype, const char* what) {
   if (op == ReduceOp::Avg && dtype == DType::Bool) {
-    throw InvalidArgument("ReduceOp.AVG of a bool array has no meaning; use ReduceOp.MAX (any) or ReduceOp.MIN (all), "
-                          "or convert it to an integer or float type first");
+    throw InvalidArgument(makeString(rankPrefix(), what, ": ReduceOp.AVG of a bool array has no meaning; use ReduceOp.MAX "
+                                     "(any) or ReduceOp.MIN (all), or convert it to an integer or float type first"));
   }
 }
 

@@ -15,7 +15,7 @@ namespace cyxwiz::comm {
 // N ranks each of the N-1 combining steps rounds to 16 bits, not only the final result.
 void reduceInto(void* acc, const void* in, size_t count, DType dtype, ReduceOp op);
 void finishAverage(void* data, size_t count, DType dtype, int worldSize);
-// Throws InvalidArgument when `op` is meaningless for `dtype` (AVG of bool).
-void checkReduceOp(ReduceOp op, DType dtype);
+// Throws InvalidArgument when `op` is meaningless for `dtype` (AVG of bool); `what` names the collective.
+void checkReduceOp(ReduceOp op, DType dtype, const char* what);
 
 }  // namespace cyxwiz::comm

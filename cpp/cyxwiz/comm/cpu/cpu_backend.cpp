@@ -371,7 +371,7 @@ std::shared_ptr<Work> CpuBackend::allReduce(const Tensor& data, ReduceOp op, boo
                   [&](const Tensor& h, const Tensor&) { allReduce(h, op, false)->wait(); });
   }
   requireCpu(data, "all_reduce");
-  checkReduceOp(op, data.dtype());
+  checkReduceOp(op, data.dtype(), "all_reduce");
   return submit(onBuffer(Collective::AllReduce, data, op), async, [data, op](Collectives& ring) {
     ring.allReduce(data.rawData(), static_cast<size_t>(data.numel()), data.dtype(), op);
   });
@@ -430,7 +430,7 @@ std::shared_ptr<Work> CpuBackend::reduceScatter(const Tensor& in, const Tensor& 
   }
   requireCpu(in, "reduce_scatter");
   requireCpu(out, "reduce_scatter");
-  checkReduceOp(op, in.dtype());
+  checkReduceOp(op, in.dtype(), "reduce_scatter");
   size_t count = static_cast<size_t>(in.numel());
   size_t part = partBegin(count, config_.worldSize, config_.rank + 1) - partBegin(count, config_.worldSize, config_.rank);
   CYX_CHECK(out.dtype() == in.dtype() && static_cast<size_t>(out.numel()) == part,
@@ -446,7 +446,7 @@ std::shared_ptr<Work> CpuBackend::reduceScatterInPlace(const Tensor& data, Reduc
                   [&](const Tensor& h, const Tensor&) { reduceScatterInPlace(h, op, false)->wait(); });
   }
   requireCpu(data, "reduce_scatter");
-  checkReduceOp(op, data.dtype());
+  checkReduceOp(op, data.dtype(), "reduce_scatter");
   return submit(onBuffer(Collective::ReduceScatterInPlace, data, op), async, [data, op](Collectives& ring) {
     ring.reduceScatterInPlace(data.rawData(), static_cast<size_t>(data.numel()), data.dtype(), op);
   });

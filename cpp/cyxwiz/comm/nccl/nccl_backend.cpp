@@ -278,7 +278,7 @@ std::shared_ptr<Work> NcclBackend::enqueue(CallSignature call, const Tensor& sen
 std::shared_ptr<Work> NcclBackend::allReduce(const Tensor& data, ReduceOp op, bool async) {
   throwIfBroken();
   if (!data.isCuda()) return cpu_->allReduce(data, op, async);
-  checkReduceOp(op, data.dtype());
+  checkReduceOp(op, data.dtype(), "all_reduce");
   return enqueue(callSignature(Collective::AllReduce, data, op), data, data, cuda::CollectiveKind::AllReduce, async);
 }
 
@@ -316,7 +316,7 @@ std::shared_ptr<Work> NcclBackend::allGather(const Tensor& in, const Tensor& out
 std::shared_ptr<Work> NcclBackend::reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) {
   throwIfBroken();
   if (!in.isCuda() && !out.isCuda()) return cpu_->reduceScatter(in, out, op, async);
-  checkReduceOp(op, in.dtype());
+  checkReduceOp(op, in.dtype(), "reduce_scatter");
   const int64_t n = in.numel(), world = config_.worldSize;
   // Parts as numpy.array_split makes them: the first n % world ranks hold one element more.
   const int64_t begin = config_.rank * (n / world) + std::min<int64_t>(config_.rank, n % world);
