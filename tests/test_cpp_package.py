@@ -4,21 +4,18 @@ project builds against it with `find_package(cyxwiz CONFIG REQUIRED)` and
 `target_link_libraries(app PRIVATE cyxwiz::core)`, naming nothing else (the BLAS, threads and libdl
 are the target's usage requirements). The program's LinearModule output is checked against numpy.
 
-The BLAS is the scipy-openblas32 wheel's, found here through its Python package only to hand cmake
-its OpenBLAS_DIR, as a C++ user would. Builds the whole core once (about a minute on 2 cores).
+The BLAS is the scipy-openblas32 wheel's, found through its Python package only to hand cmake its
+OpenBLAS_DIR, as a C++ user would. The core is built once per session (tests/cpp_build.py, about a
+minute on 2 cores), shared with tests/test_cpp_ranks.py.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from cpp_build import build_program, install_package
 
 CONSUMER_CMAKE = """cmake_minimum_required(VERSION 3.18)
 project(app LANGUAGES CXX)
@@ -47,34 +44,19 @@ int main() {
 """
 
 
-def run(cmd: list[str], cwd: Path, timeout: int) -> None:
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-
-
 @pytest.mark.timeout(900)
-def test_plain_cmake_installs_a_package_a_cpp_program_builds_against(tmp_path):
-    if shutil.which("cmake") is None:
-        pytest.skip("cmake is not on PATH")
-    openblas = pytest.importorskip("scipy_openblas32")
-    openblas_dir = os.path.join(openblas.get_lib_dir(), "cmake", "openblas")
-    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    build, prefix, app = tmp_path / "build", tmp_path / "prefix", tmp_path / "app"
-    run(["cmake", "-S", str(ROOT), "-B", str(build), *generator, "-DCMAKE_BUILD_TYPE=Release",
-         f"-DOpenBLAS_DIR={openblas_dir}", f"-DCMAKE_INSTALL_PREFIX={prefix}"], tmp_path, 300)
-    run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)], tmp_path, 800)
-    run(["cmake", "--install", str(build)], tmp_path, 120)
+def test_plain_cmake_installs_a_package_a_cpp_program_builds_against(tmp_path, tmp_path_factory):
+    prefix = install_package(tmp_path_factory)  # the session's build, shared with test_cpp_ranks.py
     assert (prefix / "lib" / "cmake" / "cyxwiz" / "cyxwizConfig.cmake").is_file()
     assert (prefix / "include" / "cyxwiz" / "nn" / "linear.h").is_file()
     assert not list(prefix.rglob("*.so")), "the plain build installs the static library only (no _core, no CUDA)"
 
+    app = tmp_path / "app"
     app.mkdir()
     (app / "CMakeLists.txt").write_text(CONSUMER_CMAKE)
     (app / "main.cpp").write_text(CONSUMER_MAIN)
-    # Only the prefix: OpenBLAS comes from the hint the package recorded.
-    run(["cmake", "-S", str(app), "-B", str(app / "build"), *generator, f"-DCMAKE_PREFIX_PATH={prefix}"], app, 300)
-    run(["cmake", "--build", str(app / "build")], app, 300)
-    out = subprocess.run([str(app / "build" / "app")], capture_output=True, text=True, timeout=60)
+    exe = build_program(app, app / "build", prefix, "app")
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     got = np.array([float(v) for v in out.stdout.split()], dtype=np.float32).reshape(4, 2)
 
