@@ -2,7 +2,8 @@
 pybind11), `cmake --install` gives include/, lib/ and the CMake package `cyxwiz`, and a separate C++
 project builds against it with `find_package(cyxwiz CONFIG REQUIRED)` and
 `target_link_libraries(app PRIVATE cyxwiz::core)`, naming nothing else (the BLAS, threads and libdl
-are the target's usage requirements). The program's LinearModule output is checked against numpy.
+are the target's usage requirements). The program's LinearModule output is checked against numpy, and
+examples/cpp (a C++ DDP training program) is built the same way and run on 2 ranks.
 
 The BLAS is the scipy-openblas32 wheel's, found through its Python package only to hand cmake its
 OpenBLAS_DIR, as a C++ user would. The core is built once per session (tests/cpp_build.py, about a
@@ -11,11 +12,12 @@ minute on 2 cores), shared with tests/test_cpp_ranks.py.
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import numpy as np
 import pytest
-from cpp_build import build_program, install_package
+from cpp_build import ROOT, build_program, install_package
 
 CONSUMER_CMAKE = """cmake_minimum_required(VERSION 3.18)
 project(app LANGUAGES CXX)
@@ -64,3 +66,22 @@ def test_plain_cmake_installs_a_package_a_cpp_program_builds_against(tmp_path, t
     b = np.array([0.25, -2.0], dtype=np.float32)
     x = (0.1 * np.arange(12, dtype=np.float32)).reshape(4, 3)
     np.testing.assert_allclose(got, x @ w.T + b, rtol=1e-6, atol=1e-6)
+
+
+STEP_LINE = re.compile(r"^step +(\d+) +loss ([\d.]+)$", re.M)
+
+
+@pytest.mark.timeout(900)
+def test_the_cpp_example_trains_on_two_ranks(ranks, tmp_path, tmp_path_factory):
+    """examples/cpp as its README builds and runs it: 2 ranks, the all_reduce line on each, the loss
+    printed on rank 0 only, and falling."""
+    prefix = install_package(tmp_path_factory)
+    exe = build_program(ROOT / "examples" / "cpp", tmp_path / "build-example", prefix, "ddp_example")
+    results = ranks.wait([ranks.popen([exe], ranks.env(r, 2), rank=r) for r in range(2)], timeout=60)
+    assert [r.rc for r in results] == [0, 0], ranks.report(results)
+    for r in results:
+        assert f"[rank {r.rank}/2] all_reduce: sum of 1..2 = 3" in r.out, ranks.report(results)
+    steps = [(int(s), float(loss)) for s, loss in STEP_LINE.findall(results[0].out)]
+    assert [s for s, _ in steps] == [1, 10, 20, 30, 40, 50], results[0].out
+    assert steps[-1][1] < 0.6 * steps[0][1], f"the loss did not fall: {steps}"
+    assert not STEP_LINE.search(results[1].out), "rank 1 printed the loss too"
