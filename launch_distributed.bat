@@ -7,13 +7,21 @@ setlocal
 if "%~1"=="" goto usage
 if "%~2"=="" goto usage
 set "N=%~1"
-echo %N%| findstr /r "^[1-9][0-9]*$" >nul || goto usage
+rem N: digits only, no leading 0. With the digits as delimiters, for /f finds a token only if N has
+rem anything else (eol=0, not the default ";": a leading 0 is refused anyway). cmd builtins only:
+rem Wine's findstr /r has no [...] classes.
+set "NONDIGIT="
+for /f "eol=0 delims=0123456789" %%c in ("%N%") do set "NONDIGIT=%%c"
+if defined NONDIGIT goto usage
+if "%N:~0,1%"=="0" goto usage
 if not defined PYTHON set "PYTHON=python"
 shift
 set "REST="
 :collect
 rem %* ignores shift, so the arguments after N are gathered one by one, keeping their quotes
-if "%~1"=="" goto run
+rem until none is left: an empty argument "" does not end the loop (unquoted set keeps "" as a value)
+set ARG=%1
+if not defined ARG goto run
 set REST=%REST% %1
 shift
 goto collect

@@ -6,6 +6,9 @@ the process's libstdc++. _core must export its module entry point and nothing of
 C++ runtime's streams and locales.
 """
 
+import os
+import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -43,3 +46,26 @@ def test_build_info_names_the_blas_and_the_gpu_parts():
     else:
         assert info["nccl"] is False and info["cuda_version"] is None, info
         assert info["cuda_note"].startswith("CPU-only build: "), info
+
+
+def test_build_info_names_the_platform_layer_build():
+    # "portable-posix" when built with -Ccmake.define.CYXWIZ_PORTABLE_POSIX=ON (CI runs the distributed
+    # tests once so); CYXWIZ_EXPECT_PLATFORM makes a run prove which build it tested.
+    info = cx.build_info()
+    assert info["platform"] in ("native", "portable-posix", "windows"), info
+    expected = os.environ.get("CYXWIZ_EXPECT_PLATFORM")
+    if expected:
+        assert info["platform"] == expected, info
+
+
+def test_only_the_platform_layer_names_the_operating_system():
+    # The operating system is the platform layer's business (cpp/cyxwiz/platform): anywhere else an
+    # #if on _WIN32, __linux__ or __APPLE__ is a fast path or a workaround that other systems lack.
+    root = pathlib.Path(__file__).resolve().parent.parent / "cpp"
+    platform = root / "cyxwiz" / "platform"
+    pattern = re.compile(r"\b(_WIN32|__linux__|__APPLE__)\b")
+    sources = [p for p in root.rglob("*") if p.suffix in (".h", ".cpp", ".cu", ".cuh")]
+    assert len(sources) > 100 and any(p.is_relative_to(platform) for p in sources)
+    offenders = [f"{p.relative_to(root)}:{n}: {line.strip()}" for p in sources if not p.is_relative_to(platform)
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == [], "\n".join(offenders)

@@ -23,6 +23,8 @@ void init_info(py::module_& m) {
 #else
     info["compiler"] = "unknown";
 #endif
+    // "native", or "portable-posix" (built with CYXWIZ_PORTABLE_POSIX=ON), or "windows".
+    info["platform"] = CYXWIZ_PLATFORM_BUILD;
     info["blas"] = cyxwiz::blas::libraryInfo();
     info["blas_threads"] = cyxwiz::blas::numThreads();
     info["blas_threads_policy"] = threadPolicy;

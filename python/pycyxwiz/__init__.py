@@ -12,7 +12,10 @@ import scipy_openblas32 as _openblas
 
 # _core finds the BLAS through its rpath when both live in one site-packages; loading it here by
 # path also covers editable installs and unusual layouts (the loader matches it by soname).
-_ctypes.CDLL(_os.path.join(_openblas.get_lib_dir(), _openblas.get_library(True)), mode=_ctypes.RTLD_GLOBAL)
+if _os.name == "nt":  # no rpath: libscipy_openblas.dll's folder joins the search path of _core.pyd's DLLs
+    _os.add_dll_directory(_os.path.normpath(_openblas.get_lib_dir()))  # get_library(True) is the .lib there
+else:
+    _ctypes.CDLL(_os.path.join(_openblas.get_lib_dir(), _openblas.get_library(True)), mode=_ctypes.RTLD_GLOBAL)
 
 from ._core import (  # noqa: F401
     AdamOptimizer,

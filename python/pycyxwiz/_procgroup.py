@@ -6,6 +6,9 @@ signalled with it, even after the rank itself has exited. The watchdog is a sepa
 (this file, run by path: standard library only, no preexec_fn, so starting ranks from threads stays
 safe): it learns the ranks' group ids through a pipe and, when the pipe reports end of file without
 a goodbye (its parent is gone), stops those groups as the parent would have.
+
+Windows has neither: there each rank leads a console process group (CTRL_BREAK_EVENT) and is in a job
+object that Windows ends with its parent (_winjob, which this file does not import: it runs by path).
 """
 
 from __future__ import annotations
@@ -90,7 +93,8 @@ def stop_groups(pgids: Iterable[int], grace: float, first: int = signal.SIGTERM,
 
 class Watchdog:
     """The parent's side: watch(pgid) after starting a rank, forget(pgid) once its group is stopped,
-    close() at the end. A no-op where there are no process groups (Windows)."""
+    close() at the end. A no-op where there are no process groups (Windows: there a job object with
+    JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE, see _winjob, ends the ranks when their parent dies)."""
 
     def __init__(self, grace: float, who: str) -> None:
         self._proc: Optional[subprocess.Popen] = None

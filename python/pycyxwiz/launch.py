@@ -28,6 +28,9 @@ from typing import BinaryIO, Sequence
 
 from ._procgroup import Watchdog, group_alive, stop_groups, wait_unreaped
 
+if os.name == "nt":  # job objects and console process groups in place of sessions (see _winjob)
+    from . import _winjob
+
 DEFAULT_ADDR = "127.0.0.1"
 DEFAULT_PORT = 29500
 DEFAULT_KILL_TIMEOUT = 10.0
@@ -41,8 +44,9 @@ FOREIGN_RANK_VARS = (
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "PMI_RANK", "PMI_SIZE",
 )
-FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
-SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL; terminate() is a kill there
+FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")  # SIGBREAK: Windows' Ctrl+Break
+SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL: Rank.kill() ends the rank's job there
+FORWARDED_AS = "" if os.name != "nt" else " as CTRL_BREAK_EVENT"  # how the ranks get a signal, for the log
 
 USAGE = ("python -m pycyxwiz.launch --nproc-per-node N [--nnodes M] [--node-rank K] [--master-addr A]\n"
          "       [--master-port P] [--job-id ID] [--max-restarts R] [--kill-timeout S] [--no-prefix]\n"
@@ -323,9 +327,12 @@ class Rank:
     def __init__(self, rank: int, local_rank: int, command: list[str], env: dict[str, str], out: Output) -> None:
         self.rank, self.local_rank = rank, local_rank
         # Own session: a terminal's Ctrl-C reaches only the launcher, which forwards exactly one signal
-        # to the rank's whole process group (as torchrun does), so nothing gets it twice.
+        # to the rank's whole process group (as torchrun does), so nothing gets it twice. Windows: its
+        # own console process group (the console's Ctrl+C is disabled there) and job object (_winjob).
         self.proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=os.name != "nt")
+                                     stderr=subprocess.PIPE, start_new_session=os.name != "nt",
+                                     creationflags=_winjob.CREATE_NEW_PROCESS_GROUP if os.name == "nt" else 0)
+        self.job = _winjob.new_job(self.proc.pid) if os.name == "nt" else None
         self.tail: deque[bytes] = deque(maxlen=TAIL_LINES)
         self.readers = [
             threading.Thread(target=_pump, args=(pipe, out, stream, rank, tail), daemon=True)
@@ -339,8 +346,23 @@ class Rank:
         try:
             if os.name != "nt":
                 os.killpg(self.proc.pid, signum)
-            elif signum != signal.SIGINT:  # Windows: the console already gave Ctrl-C to every rank
-                self.proc.terminate()
+            # Windows: whatever the signal, CTRL_BREAK_EVENT to the rank's console process group while
+            # the rank (its leader) runs; where no console delivers it, the rank is ended at once.
+            elif self.proc.poll() is None and not _winjob.ctrl_break(self.proc.pid):
+                self.kill()
+        except OSError:  # exited meanwhile
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL to its process group; Windows: the end of its job (the rank and what it started)."""
+        if os.name != "nt":
+            self.send(SIGKILL)
+            return
+        try:
+            if self.job is not None:
+                self.job.terminate()
+            else:
+                self.proc.kill()
         except OSError:  # exited meanwhile
             pass
 
@@ -401,7 +423,7 @@ class Group:
                    if len(self.signals.received) == seen else "a second signal to the launcher")
             self.out.log(f"killing {', '.join(r.describe() for r in self.running)}: {why}")
             for r in self.running:
-                r.send(SIGKILL)
+                r.kill()
             deadline = time.monotonic() + 5.0  # SIGKILL cannot be caught; only a hung kernel call delays it
             while self.running and time.monotonic() < deadline:
                 self._collect(0.05)
@@ -410,6 +432,7 @@ class Group:
         """At the end of an attempt, however it ended: stop what is left in every rank's process group,
         also of ranks that exited (their children), SIGKILL after kill_timeout or a second signal."""
         if os.name == "nt":
+            self._sweep_jobs()
             return
         seen = len(self.signals.received)
         left = [r for r in self.ranks if group_alive(r.proc.pid)]
@@ -425,12 +448,27 @@ class Group:
                 pass
             self.watchdog.forget(r.proc.pid)
 
+    def _sweep_jobs(self) -> None:
+        """sweep() on Windows: what is left in a rank's job is terminated at once (the group such a
+        process belongs to may have no leader left, so no CTRL_BREAK_EVENT is sent to it)."""
+        left = [r for r in self.ranks if r.job is not None and r.job.active()]
+        if left:
+            self.out.log(f"terminating processes left running in the job object of "
+                         f"{', '.join(r.describe() for r in left)}")
+        for r in self.ranks:
+            if r.job is not None:
+                r.job.close()  # KILL_ON_JOB_CLOSE: what is left in it ends
+            try:
+                r.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+
     def run(self) -> int:
         """0, the first failed rank's exit status, or 128+signal for a signal to the launcher."""
         while self.running:
             if self.signals.received:
                 signum = self.signals.received[0]
-                self.out.log(f"got {signal_name(signum)}: forwarding it to {len(self.running)} ranks "
+                self.out.log(f"got {signal_name(signum)}: forwarding it{FORWARDED_AS} to {len(self.running)} ranks "
                              f"(SIGKILL after {self.kill_timeout:g}s or at a second signal)")
                 self.stop(signum)
                 return 128 + signum
@@ -490,6 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     out = Output(prefix=not opts.no_prefix)
     signals = Signals()  # before any rank starts, so no signal falls between the cracks
+    if os.name == "nt":  # Windows: the ranks, and what they start, are in a job that ends with us (_winjob)
+        _winjob.enter_own_job()
     # Stops the ranks should this process be killed without a chance to (SIGKILL, the OOM killer).
     watchdog = Watchdog(opts.kill_timeout, f"[launch] the launcher (pid {os.getpid()})")
     try:

@@ -7,17 +7,17 @@
 // on either without knowing which.
 #pragma once
 
-#include <sys/uio.h>
-
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "cyxwiz/platform/net.h"
+
 namespace cyxwiz::comm {
 
 struct Step {
-  std::vector<iovec> send;  // to the `to` member, in order
-  std::vector<iovec> recv;  // from the `from` member, in order
+  std::vector<platform::IoVec> send;  // to the `to` member, in order
+  std::vector<platform::IoVec> recv;  // from the `from` member, in order
   // The first recvHeaderBytes of recv go to onHeader as soon as they are complete.
   size_t recvHeaderBytes = 0;
   std::function<void()> onHeader;

@@ -1,7 +1,5 @@
 #include "cyxwiz/comm/monitor.h"
 
-#include <poll.h>
-
 #include "cyxwiz/common/error.h"
 
 namespace cyxwiz::comm {
@@ -21,10 +19,10 @@ std::string noticeText(const Failure& failure) {
 }
 
 std::optional<Failure> Monitor::waitForNotice(Deadline deadline) {
-  while (fd() >= 0) {
-    pollfd p{fd(), POLLIN, 0};
-    int wait = msUntil(deadline);
-    if (wait <= 0 || ::poll(&p, 1, wait) <= 0) return std::nullopt;
+  while (fd() != platform::kNoSocket) {
+    platform::PollFd p = platform::pollEntry(fd(), POLLIN);
+    int wait = msUntil(deadline), err = 0;
+    if (wait <= 0 || platform::pollSockets(&p, 1, wait, &err) <= 0) return std::nullopt;
     if (auto f = read()) return f;
   }
   return std::nullopt;

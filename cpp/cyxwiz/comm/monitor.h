@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cyxwiz/comm/deadline.h"
+#include "cyxwiz/platform/net.h"
 
 namespace cyxwiz::comm {
 
@@ -30,8 +31,8 @@ std::string noticeText(const Failure& failure);
 class Monitor {
  public:
   virtual ~Monitor() = default;
-  // -1 once the job ended on purpose (rank 0 finalized): nothing more to watch.
-  virtual int fd() const = 0;
+  // The socket to poll; kNoSocket once the job ended on purpose (rank 0 finalized): nothing to watch.
+  virtual platform::SocketHandle fd() const = 0;
   // Call when fd() is readable: the failure another rank reported (or rank 0's loss), if any.
   virtual std::optional<Failure> read() = 0;
   // Best effort: tells the job why this rank stops, so that the other ranks stop too.

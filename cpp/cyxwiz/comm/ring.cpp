@@ -13,7 +13,7 @@ namespace cyxwiz::comm {
 
 namespace {
 
-iovec span(const void* p, size_t n) { return {const_cast<void*>(p), n}; }
+platform::IoVec span(const void* p, size_t n) { return {const_cast<void*>(p), n}; }
 
 enum Algorithm { kRecursiveDoubling, kGather, kRing, kAlgorithms };
 
@@ -56,7 +56,7 @@ void Ring::checkHeader(int from) {
   }
 }
 
-void Ring::step(std::vector<iovec> send, std::vector<iovec> recv, Step&& extra, int from, int to) {
+void Ring::step(std::vector<platform::IoVec> send, std::vector<platform::IoVec> recv, Step&& extra, int from, int to) {
   Step s = std::move(extra);
   if (from < 0) from = mod(rank_ - 1);
   if (to < 0) to = mod(rank_ + 1);
@@ -189,7 +189,7 @@ void Ring::broadcast(void* data, size_t bytes, int root) {
   // A chain root -> root+1 -> ... -> root-1; middle ranks forward each segment as it arrives. Every
   // link still carries a header (the last rank's goes to the root), so every rank checks a call.
   int pos = mod(rank_ - root);
-  std::vector<iovec> send, recv;
+  std::vector<platform::IoVec> send, recv;
   if (pos < size_ - 1) send.push_back(span(data, bytes));
   if (pos > 0) recv.push_back(span(data, bytes));
   Step relay;

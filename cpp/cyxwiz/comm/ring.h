@@ -55,7 +55,7 @@ class Ring : public Collectives {
   int mod(int i) const { return ((i % size_) + size_) % size_; }
   // One step, receiving from the left and sending to the right unless partners are named; the first
   // of a collective also sends our header and checks the one received.
-  void step(std::vector<iovec> send, std::vector<iovec> recv, Step&& extra = Step(), int from = -1, int to = -1);
+  void step(std::vector<platform::IoVec> send, std::vector<platform::IoVec> recv, Step&& extra = Step(), int from = -1, int to = -1);
   void checkHeader(int from);
   bool canDouble() const;
   void gatherBlocks(uint8_t* blocks, size_t bytesPerRank);

@@ -1,11 +1,5 @@
 #include "cyxwiz/common/binary_io.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -16,6 +10,8 @@
 
 #include "cyxwiz/common/crc32.h"
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/platform/files.h"
+#include "cyxwiz/platform/process.h"
 
 namespace cyxwiz {
 
@@ -42,8 +38,6 @@ long tempFilePid(const std::string& name) {
   return std::stol(rest.substr(0, dot));
 }
 
-bool processAlive(long pid) { return pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
-
 // Removes the temporary files of `kind` in `dir` whose writers died mid-write (a crash, a kill): the
 // pid in the name is not a live process here, and no process holds the lock each writer keeps on its
 // file while writing (a writer on another host sharing the directory; flock reaches NFS servers).
@@ -54,30 +48,15 @@ void removeDeadWritersFiles(const std::string& dir, const FileKind& kind) {
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     const long pid = tempFilePid(name);
-    if (pid < 0 || processAlive(pid)) continue;
-    const std::string file = it->path().string();
-    // Read-write: NFS grants an exclusive lock only on a descriptor open for writing.
-    int fd = ::open(file.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) continue;
-    struct stat info {};
-    char head[8];
-    ssize_t got = 0;
-    if (::fstat(fd, &info) == 0 && S_ISREG(info.st_mode) && ::flock(fd, LOCK_EX | LOCK_NB) == 0 &&
-        (got = ::pread(fd, head, sizeof head, 0)) >= 0 && std::memcmp(head, kind.magic, size_t(got)) == 0) {
-      ::unlink(file.c_str());
-    }
-    ::close(fd);
+    if (pid < 0 || !platform::processGone(pid)) continue;
+    platform::removeAbandonedFile(it->path().string(), kind.magic, 8);
   }
 }
 
 // After a rename the directory entry lives only in the page cache until the directory is synced.
 void syncDirectory(const std::string& dir, const std::string& path, const FileKind& kind) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // a directory we may write but not read: the rename stands, unconfirmed on disk
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0 && err != EINVAL && err != ENOTSUP) {  // EINVAL: a file system without directory sync
+  int err = platform::syncDirectory(dir);
+  if (err != 0 && err != EINVAL && err != ENOTSUP) {  // EINVAL: a file system without directory sync
     throw IoError(makeString(kind.name, " file '", path, "' was written but syncing its directory failed: ",
                              std::strerror(err), "; it may not survive a power loss, check the disk"), err);
   }
@@ -169,21 +148,22 @@ void writeContainer(const std::string& path, const FileKind& kind, const std::ve
   static std::atomic<uint64_t> counter{0};
   const std::string dir = directoryOf(path);
   removeDeadWritersFiles(dir, kind);
-  std::string tmp = makeString(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
-  std::FILE* f = std::fopen(tmp.c_str(), "wbe");
+  std::string tmp = makeString(path, ".tmp.", platform::currentPid(), ".", counter.fetch_add(1));
+  std::FILE* f = platform::openForWriting(tmp);
   if (!f) {
     int err = errno;
     throw IoError(makeString("cannot write ", kind.name, " file '", path, "': ", std::strerror(err),
                              "; check that the directory exists and is writable"), err);
   }
-  ::flock(::fileno(f), LOCK_EX | LOCK_NB);  // "being written" for cleaners elsewhere; released by fclose
+  platform::lockWhileWriting(f);  // "being written" for cleaners elsewhere; released by fclose
   bool ok = std::fwrite(header.bytes().data(), 1, header.bytes().size(), f) == header.bytes().size() &&
             std::fwrite(payload.data(), 1, payload.size(), f) == payload.size() &&
-            std::fwrite(&checksum, 1, 4, f) == 4 && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+            std::fwrite(&checksum, 1, 4, f) == 4 && platform::syncToDisk(f);
   int err = errno;
   ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    if (ok) err = errno;
+  const int renamed = ok ? platform::replaceFile(tmp, path) : 0;
+  if (!ok || renamed != 0) {
+    if (ok) err = renamed;
     std::remove(tmp.c_str());
     throw IoError(makeString("writing ", kind.name, " file '", path, "' failed: ", std::strerror(err),
                              "; the previous file (if any) is untouched"), err);
@@ -192,8 +172,7 @@ void writeContainer(const std::string& path, const FileKind& kind, const std::ve
 }
 
 std::vector<uint8_t> readContainer(const std::string& path, const FileKind& kind, uint32_t* versionOut) {
-  struct stat info {};
-  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+  if (platform::isDirectory(path)) {
     throw IoError(makeString("cannot read ", kind.name, " file '", path, "': it is a directory"), EISDIR);
   }
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);

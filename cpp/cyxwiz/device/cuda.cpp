@@ -1,6 +1,5 @@
 #include "cyxwiz/device/cuda.h"
 
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cctype>
@@ -8,6 +7,7 @@
 #include <mutex>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/platform/dynlib.h"
 
 namespace cyxwiz::device {
 
@@ -22,11 +22,10 @@ struct Loaded {
 
 // The library sits beside _core (both install into site-packages/pycyxwiz).
 std::string libraryPath() {
-  Dl_info info{};
-  if (!dladdr(reinterpret_cast<void*>(&libraryPath), &info) || !info.dli_fname) return "libcyxwiz_cuda.so";
-  std::string self = info.dli_fname;
-  size_t slash = self.rfind('/');
-  return (slash == std::string::npos ? std::string() : self.substr(0, slash + 1)) + "libcyxwiz_cuda.so";
+  const std::string file = platform::sharedLibraryFile("cyxwiz_cuda");
+  const std::string self = platform::modulePathOf(reinterpret_cast<const void*>(&libraryPath));
+  size_t slash = self.find_last_of("/\\");
+  return (slash == std::string::npos ? std::string() : self.substr(0, slash + 1)) + file;
 }
 
 Loaded load() {
@@ -41,16 +40,16 @@ Loaded load() {
     return out;
   }
   const std::string path = overridden ? std::string(override) : libraryPath();
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::string loadError;
+  void* handle = platform::openLibrary(path, &loadError);
   if (!handle) {
-    const char* err = dlerror();
-    out.why = makeString("the CUDA library ", path, " could not be loaded: ", err ? err : "unknown error",
+    out.why = makeString("the CUDA library ", path, " could not be loaded: ", loadError,
                          ". Its cuBLAS and NCCL come from the nvidia-cublas and nvidia-nccl-cu13 wheels: "
                          "pip install nvidia-cublas nvidia-nccl-cu13; ", kRemedyCpu);
     return out;
   }
   using Entry = cuda::Api* (*)(int, const char**);
-  auto entry = reinterpret_cast<Entry>(dlsym(handle, "cyxwiz_cuda_api"));
+  auto entry = reinterpret_cast<Entry>(platform::findSymbol(handle, "cyxwiz_cuda_api"));
   const char* err = nullptr;
   cuda::Api* api = entry ? entry(cuda::kApiVersion, &err) : nullptr;
   if (!api) {

@@ -4,15 +4,14 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/cuda.h"
+#include "cyxwiz/platform/cpu.h"
 
 namespace cyxwiz::nn {
 
 namespace {
 
-// Cloned per instruction set and picked at load time: one build runs well on any x86-64.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+// Cloned per instruction set and picked at load time: one build runs well on any x86-64 (platform/cpu.h).
+CYXWIZ_CPU_CLONES
 void adamKernel(float* __restrict p, const float* __restrict grad, float* __restrict m, float* __restrict v, int64_t n,
                 float stepSize, float b1, float b2, float eps, float invSqrtBc2, float l2, float decay) {
   for (int64_t i = 0; i < n; ++i) {

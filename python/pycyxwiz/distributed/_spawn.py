@@ -26,6 +26,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from .._procgroup import Watchdog, stop_groups, wait_unreaped
 
+if os.name == "nt":  # a job object in place of process groups and the watchdog (see _winjob)
+    from .. import _winjob
+
 _GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL for the ranks that are still running
 
 
@@ -103,6 +106,11 @@ def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: in
     saved = dict(os.environ)
     # Stops the ranks should this process be killed without a chance to (SIGKILL, the OOM killer).
     watchdog = Watchdog(_GRACE_SECONDS, f"[spawn] the process that called spawn() (pid {os.getpid()})")
+    # Windows: the ranks go in a job that ends with this process or at _stop. Not this process itself
+    # (as the launcher goes in its own): the caller's other children would then end with it too. So a
+    # rank enters the job just after start(), while its interpreter is still starting up; only a
+    # process it started before that (none: `fn` has not run yet) would be outside the job.
+    job = _winjob.new_job() if os.name == "nt" else None
     try:
         for local_rank in range(nprocs):
             # A spawned interpreter inherits os.environ as it is at start(): set this rank's, then restore.
@@ -115,20 +123,22 @@ def spawn(fn: Callable, args: Sequence[Any] = (), nprocs: int = 1, *, nnodes: in
             p.start()
             processes.append(p)
             watchdog.watch(p.pid)
+            if job is not None:
+                job.add(p.pid)  # refused: _stop still terminates the rank itself
     except BaseException:
-        _stop(processes)
+        _stop(processes, job)
         watchdog.close()
         raise
     finally:
         os.environ.clear()
         os.environ.update(saved)
     try:
-        return _join(processes, results, timeout)
+        return _join(processes, results, timeout, job)
     finally:
         watchdog.close()
 
 
-def _join(processes: list, results, timeout: Optional[float]) -> list:
+def _join(processes: list, results, timeout: Optional[float], job=None) -> list:
     deadline = None if timeout is None else time.monotonic() + timeout
     values: dict[int, Any] = {}
     errors: dict[int, tuple[str, bool]] = {}  # local rank: (traceback, is a DistError)
@@ -171,7 +181,7 @@ def _join(processes: list, results, timeout: Optional[float]) -> list:
                                  f"A rank that waits on a dead or missing peer should fail by itself within "
                                  f"DISTRIBUTED_TIMEOUT_MS: raise timeout, or check what the ranks wait for")
     finally:
-        _stop(processes)  # also after success: what the ranks started and left running
+        _stop(processes, job)  # also after success: what the ranks started and left running
     missing = [r for r in range(len(processes)) if r not in values]
     if missing:
         raise SpawnError(f"spawn: ranks {missing} exited without returning (os._exit?)")
@@ -188,11 +198,15 @@ def _failure(local_rank: int, exit_code: Optional[int], trace: Optional[str]) ->
     return SpawnError(f"spawn: local rank {local_rank} {how}\nthe other ranks were stopped", local_rank, exit_code)
 
 
-def _stop(processes: list) -> None:
+def _stop(processes: list, job=None) -> None:
     """SIGTERM to every rank's process group (what ranks that exited left running too), SIGKILL to
-    what outlives the grace period; then the same to ranks not yet in a group of their own."""
+    what outlives the grace period; then the same to ranks not yet in a group of their own.
+    Windows: the ranks share our console process group, so no signal can reach them alone; their job
+    is closed, which terminates them and what they started at once."""
     if hasattr(os, "killpg"):
         stop_groups([p.pid for p in processes], _GRACE_SECONDS)
+    elif job is not None:
+        job.close()
     for p in processes:
         if p.is_alive():
             p.terminate()

@@ -1,7 +1,5 @@
 #include "cyxwiz/comm/nccl/nccl_backend.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +13,7 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 #include "cyxwiz/device/cuda.h"
+#include "cyxwiz/platform/process.h"
 
 namespace cyxwiz::comm::nccl {
 
@@ -116,8 +115,7 @@ void NcclBackend::checkDuplicateGpu() {
   // Two hosts' GPUs never share a UUID, so the hostname only makes the message readable.
   cuda::DeviceProperties props;
   device::check(api_->deviceProperties(device_.index, &props));
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
+  const std::string host = platform::hostName();
   const std::string key = props.uuid + "|" + props.pciBusId;
   std::vector<std::string> keys = allGatherStrings(*cpu_, key);
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");

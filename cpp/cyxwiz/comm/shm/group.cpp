@@ -1,10 +1,5 @@
 #include "cyxwiz/comm/shm/group.h"
 
-#include <linux/futex.h>
-#include <signal.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -12,6 +7,8 @@
 #include <fstream>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/platform/address_wait.h"
+#include "cyxwiz/platform/process.h"
 
 namespace cyxwiz::comm::shm {
 
@@ -103,19 +100,13 @@ void Group::leave() {
   if (!segment_.valid()) return;
   Control& c = control(me_);
   c.left.store(1, std::memory_order_seq_cst);
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.phase), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  platform::wakeAll(&c.phase);
 }
 
 bool Group::peerGone(int local) const {
   const int32_t pid = control(local).pid;
   if (!checkPids || pid <= 0) return false;
-  if (::kill(pid, 0) != 0) return errno == ESRCH;
-  // Exited but not yet reaped by its parent: "pid (name) Z ...".
-  std::ifstream stat(makeString("/proc/", pid, "/stat"));
-  std::string line;
-  std::getline(stat, line);
-  size_t close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+  return platform::processGone(pid);
 }
 
 }  // namespace cyxwiz::comm::shm

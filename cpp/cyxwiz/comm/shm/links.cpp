@@ -24,14 +24,14 @@ struct alignas(64) Record {
 constexpr size_t kRecordBytes = sizeof(Record);
 
 // Copies between a list of buffers, at a byte offset into the whole list, and flat memory.
-size_t total(const std::vector<iovec>& v) {
+size_t total(const std::vector<platform::IoVec>& v) {
   size_t n = 0;
   for (const auto& e : v) n += e.iov_len;
   return n;
 }
 
 template <bool kIn>
-void copy(const std::vector<iovec>& v, size_t at, uint8_t* flat, size_t n) {
+void copy(const std::vector<platform::IoVec>& v, size_t at, uint8_t* flat, size_t n) {
   for (const auto& e : v) {
     if (n == 0) return;
     if (at >= e.iov_len) {
@@ -52,7 +52,7 @@ void copy(const std::vector<iovec>& v, size_t at, uint8_t* flat, size_t n) {
 }
 
 // The address a send continues at (for placing our half's data like it).
-const void* addressAt(const std::vector<iovec>& v, size_t at) {
+const void* addressAt(const std::vector<platform::IoVec>& v, size_t at) {
   for (const auto& e : v) {
     if (at < e.iov_len) return static_cast<const uint8_t*>(e.iov_base) + at;
     at -= e.iov_len;

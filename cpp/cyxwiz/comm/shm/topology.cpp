@@ -1,31 +1,15 @@
 #include "cyxwiz/comm/shm/topology.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <fstream>
 #include <sstream>
 #include <vector>
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
+#include "cyxwiz/platform/process.h"
 
 namespace cyxwiz::comm::shm {
 
 namespace {
-
-std::string firstLine(const char* path) {
-  std::ifstream f(path);
-  std::string line;
-  std::getline(f, line);
-  return line;
-}
-
-std::string linkTarget(const char* path) {
-  char buf[256];
-  ssize_t n = ::readlink(path, buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("?");
-}
 
 std::string hostKey(int rank) { return makeString("cyxwiz/shm/host/", rank); }
 std::string attachedKey(int rank) { return makeString("cyxwiz/shm/attached/", rank); }
@@ -62,12 +46,7 @@ Record decode(const std::string& s) {
 
 }  // namespace
 
-std::string hostIdentity() {
-  struct stat st {};
-  std::string shmDir = ::stat("/dev/shm", &st) == 0 ? makeString(st.st_dev, ":", st.st_ino) : std::string("none");
-  return makeString("boot ", firstLine("/proc/sys/kernel/random/boot_id"), " ipc ", linkTarget("/proc/self/ns/ipc"),
-                    " shm ", shmDir, " uid ", ::getuid());
-}
+std::string hostIdentity() { return platform::hostIdentity(); }
 
 bool Hosts::hierarchical() const {
   if (count() < 2) return false;
@@ -80,7 +59,7 @@ bool Hosts::hierarchical() const {
 namespace {
 
 Record myRecord(const DistributedConfig& config) {
-  return Record{config.transport, config.shmAlgorithm, hostIdentity(), linkTarget("/proc/self/ns/pid")};
+  return Record{config.transport, config.shmAlgorithm, hostIdentity(), platform::pidNamespace()};
 }
 
 }  // namespace
@@ -192,7 +171,7 @@ std::unique_ptr<Group> formGroup(const DistributedConfig& config, Store& store, 
   std::unique_ptr<Group> group;
   if (problem.empty()) {
     group = std::make_unique<Group>(std::move(segment), mates, hosts.local, kHalfBytes);
-    group->control(hosts.local).pid = static_cast<int32_t>(::getpid());  // before we answer: peers read it after
+    group->control(hosts.local).pid = static_cast<int32_t>(platform::currentPid());  // before we answer: peers read it after
   }
   store.set(attachedKey(me), problem.empty() ? "ok" : "no " + problem, deadline);
 

@@ -1,10 +1,5 @@
 #include "cyxwiz/comm/shm/window.h"
 
-#include <linux/futex.h>
-#include <poll.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -12,6 +7,9 @@
 #include <ctime>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/platform/address_wait.h"
+#include "cyxwiz/platform/cpu.h"
+#include "cyxwiz/platform/net.h"
 
 namespace cyxwiz::comm::shm {
 
@@ -19,24 +17,6 @@ namespace {
 
 // Sleeps are cut into slices this long, between which a waiter looks at the monitor and the peer.
 constexpr int64_t kSliceMs = 50;
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// Shared between processes: no FUTEX_PRIVATE_FLAG.
-void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t ms) {
-  timespec t{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000L};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &t, nullptr, 0);
-}
-
-void futexWake(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
 
 // Phases wrap at 2^32; a peer is never 2^31 phases away.
 bool reached(uint32_t have, uint32_t want) { return static_cast<int32_t>(have - want) >= 0; }
@@ -65,7 +45,7 @@ void Window::publish() {
   Control& c = g_.control(g_.me());
   c.phase.store(++g_.phase, std::memory_order_seq_cst);
   // A sleeper counted itself before it looked at the phase: either it sees this store or we see it.
-  if (c.sleepers.load(std::memory_order_seq_cst) != 0) futexWake(&c.phase);
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0) platform::wakeAll(&c.phase);
 }
 
 void Window::arrive() {
@@ -108,7 +88,7 @@ void Window::waitFor(int peer, uint32_t phase) {
   const auto start = Clock::now();
   if (spin_.count() > 0) {
     do {
-      for (int i = 0; i < 32; ++i) cpuRelax();
+      for (int i = 0; i < 32; ++i) platform::cpuRelax();
       if (reached(c.phase.load(std::memory_order_acquire), phase)) return;
     } while (Clock::now() - start < spin_);
   }
@@ -116,7 +96,7 @@ void Window::waitFor(int peer, uint32_t phase) {
   for (;;) {
     c.sleepers.fetch_add(1, std::memory_order_seq_cst);
     uint32_t now = c.phase.load(std::memory_order_seq_cst);
-    if (!reached(now, phase)) futexWait(&c.phase, now, std::min<int64_t>(kSliceMs, std::max(1, msUntil(deadline))));
+    if (!reached(now, phase)) platform::waitOnAddress(&c.phase, now, std::min<int64_t>(kSliceMs, std::max(1, msUntil(deadline))));
     c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (reached(c.phase.load(std::memory_order_acquire), phase)) return;
     checkWhileWaiting(peer, phase, deadline);
@@ -130,9 +110,10 @@ void Window::checkWhileWaiting(int peer, uint32_t phase, Deadline deadline) {
                                   "was waiting for ", g_.peerName(peer), "; finalize only after every thread's "
                                   "collectives have returned"));
   }
-  if (monitor_ != nullptr && monitor_->fd() >= 0) {
-    pollfd fd{monitor_->fd(), POLLIN, 0};
-    if (::poll(&fd, 1, 0) > 0) {
+  if (monitor_ != nullptr && monitor_->fd() != platform::kNoSocket) {
+    platform::PollFd fd = platform::pollEntry(monitor_->fd(), POLLIN);
+    int err = 0;
+    if (platform::pollSockets(&fd, 1, 0, &err) > 0) {
       if (auto failure = monitor_->read()) raiseFailure(failure->kind, makeString(what(), ": ", noticeText(*failure)));
     }
   }

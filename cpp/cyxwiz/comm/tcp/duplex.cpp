@@ -1,8 +1,5 @@
 #include "cyxwiz/comm/tcp/duplex.h"
 
-#include <poll.h>
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -16,7 +13,7 @@ constexpr int kMaxIov = 64;
 // Progress through a list of buffers.
 class Cursor {
  public:
-  explicit Cursor(const std::vector<iovec>& v) : v_(v) {
+  explicit Cursor(const std::vector<platform::IoVec>& v) : v_(v) {
     for (const auto& e : v) total_ += e.iov_len;
   }
   size_t done() const { return done_; }
@@ -24,7 +21,7 @@ class Cursor {
   bool finished() const { return done_ == total_; }
 
   // The buffers covering [done, limit).
-  int fill(iovec* out, size_t limit) const {
+  int fill(platform::IoVec* out, size_t limit) const {
     int n = 0;
     size_t idx = idx_, off = off_, budget = limit - done_;
     while (idx < v_.size() && n < kMaxIov && budget > 0) {
@@ -52,7 +49,7 @@ class Cursor {
   }
 
  private:
-  const std::vector<iovec>& v_;
+  const std::vector<platform::IoVec>& v_;
   size_t total_ = 0, done_ = 0, idx_ = 0, off_ = 0;
 };
 
@@ -89,29 +86,25 @@ void Duplex::run(Step& step) {
     if (step.sendAvailable) return std::min(out.total(), step.sendHeaderBytes + step.sendAvailable(handedOn));
     return out.total();
   };
-  iovec iov[kMaxIov];
+  platform::IoVec iov[kMaxIov];
   Deadline idleSince{};
 
   while (!out.finished() || !in.finished()) {
     bool moved = false;
     const size_t limit = sendLimit();
     if (out.done() < limit) {
-      msghdr m{};
-      m.msg_iov = iov;
-      m.msg_iovlen = static_cast<size_t>(out.fill(iov, limit));
-      ssize_t k = ::sendmsg(right_->socket.fd(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      int err = 0;
+      int64_t k = platform::sendGathered(right_->socket.fd(), iov, out.fill(iov, limit), &err);
       if (k > 0) {
         out.advance(static_cast<size_t>(k));
         moved = true;
-      } else if (k < 0 && !wouldBlock(errno)) {
-        peerLost(*right_, false, errno, out.done(), out.total());
+      } else if (k < 0 && !wouldBlock(err)) {
+        peerLost(*right_, false, err, out.done(), out.total());
       }
     }
     if (!in.finished()) {
-      msghdr m{};
-      m.msg_iov = iov;
-      m.msg_iovlen = static_cast<size_t>(in.fill(iov, in.total()));
-      ssize_t k = ::recvmsg(left_->socket.fd(), &m, MSG_DONTWAIT);
+      int err = 0;
+      int64_t k = platform::recvScattered(left_->socket.fd(), iov, in.fill(iov, in.total()), &err);
       if (k > 0) {
         in.advance(static_cast<size_t>(k));
         moved = true;
@@ -129,8 +122,8 @@ void Duplex::run(Step& step) {
         }
       } else if (k == 0) {
         peerLost(*left_, true, 0, in.done(), in.total());
-      } else if (!wouldBlock(errno)) {
-        peerLost(*left_, true, errno, in.done(), in.total());
+      } else if (!wouldBlock(err)) {
+        peerLost(*left_, true, err, in.done(), in.total());
       }
     }
     if (moved) {
@@ -145,13 +138,13 @@ void Duplex::run(Step& step) {
       if (now - idleSince < spin_) continue;
     }
 
-    pollfd fds[3];
+    platform::PollFd fds[3];
     int n = 0, monitorAt = -1;
-    if (out.done() < sendLimit()) fds[n++] = {right_->socket.fd(), POLLOUT, 0};
-    if (!in.finished()) fds[n++] = {left_->socket.fd(), POLLIN, 0};
-    if (monitor_ != nullptr && monitor_->fd() >= 0) {
+    if (out.done() < sendLimit()) fds[n++] = platform::pollEntry(right_->socket.fd(), POLLOUT);
+    if (!in.finished()) fds[n++] = platform::pollEntry(left_->socket.fd(), POLLIN);
+    if (monitor_ != nullptr && monitor_->fd() != platform::kNoSocket) {
       monitorAt = n;
-      fds[n++] = {monitor_->fd(), POLLIN, 0};
+      fds[n++] = platform::pollEntry(monitor_->fd(), POLLIN);
     }
     const auto now = Clock::now();
     if (progressed_) {
@@ -160,7 +153,8 @@ void Duplex::run(Step& step) {
     }
     int wait = msBetween(now, deadline_);
     if (interrupted_ != nullptr && wait > 100) wait = 100;
-    int rc = wait > 0 ? ::poll(fds, static_cast<nfds_t>(n), wait) : 0;
+    int pollErr = 0;
+    int rc = wait > 0 ? platform::pollSockets(fds, static_cast<size_t>(n), wait, &pollErr) : 0;
     if (interrupted_ != nullptr && interrupted_()) {
       throw Interrupted(makeString(what(), ": interrupted (KeyboardInterrupt)"));
     }

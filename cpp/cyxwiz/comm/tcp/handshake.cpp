@@ -1,7 +1,5 @@
 #include "cyxwiz/comm/tcp/handshake.h"
 
-#include <sys/random.h>
-
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -10,6 +8,7 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/sha256.h"
+#include "cyxwiz/platform/random.h"
 
 namespace cyxwiz::comm::tcp {
 
@@ -19,12 +18,10 @@ constexpr char kProofLabel[] = "pycyxwiz handshake v2";
 constexpr uint32_t kWelcome = 0, kRefused = 1, kLater = 2, kChallenge = 3;
 
 void randomBytes(uint8_t* out, size_t n) {
-  // getrandom needs no descriptor: it works while a connection flood holds them all.
-  size_t done = 0;
-  while (done < n) {
-    ssize_t k = ::getrandom(out + done, n - done, 0);
-    if (k > 0) done += static_cast<size_t>(k);
-    else if (errno != EINTR) throw NetworkError(makeString("init: no random bytes for the handshake: ", errnoString(errno)));
+  try {
+    platform::randomBytes(out, n);  // needs no descriptor: works while a connection flood holds them all
+  } catch (const Error& e) {
+    throw NetworkError(makeString("init: no random bytes for the handshake: ", e.what()));
   }
 }
 

@@ -1,10 +1,5 @@
 #include "cyxwiz/comm/tcp/hello_gate.h"
 
-#include <fcntl.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 
@@ -21,11 +16,7 @@ constexpr size_t kMaxAcceptsPerRound = 256;  // then the owner's other connectio
 constexpr size_t kMaxHelloBytes = 4096;      // a hello is 72 bytes at most; more is a stranger's
 
 // A quarter of the descriptors this process may open wait for hellos at most.
-size_t pendingLimit() {
-  rlimit lim{};
-  size_t fds = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY ? lim.rlim_cur : 4096;
-  return std::clamp<size_t>(fds / 4, 8, 512);
-}
+size_t pendingLimit() { return std::clamp<size_t>(platform::descriptorLimit() / 4, 8, 512); }
 
 std::string ipOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
@@ -47,22 +38,20 @@ HelloGate::HelloGate(Socket listener, const JobIdentity& job, bool ringPort, int
       helloTimeoutMs_(helloTimeoutMs),
       where_(std::move(where)),
       maxPending_(pendingLimit()),
-      maxPerAddress_(std::max<size_t>(4, maxPending_ / 4)),
-      spare_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
+      maxPerAddress_(std::max<size_t>(4, maxPending_ / 4)) {}
 
 HelloGate::~HelloGate() { close(); }
 
 void HelloGate::close() {
   pending_.clear();
   listener_.close();
-  if (spare_ >= 0) ::close(spare_);
-  spare_ = -1;
+  spare_.release();
 }
 
-void HelloGate::addPollFds(std::vector<pollfd>& fds) {
+void HelloGate::addPollFds(std::vector<platform::PollFd>& fds) {
   listenerPolled_ = Clock::now() >= pausedUntil_;
-  if (listenerPolled_) fds.push_back({listener_.fd(), POLLIN, 0});
-  for (auto& p : pending_) fds.push_back({p->socket.fd(), POLLIN, 0});
+  if (listenerPolled_) fds.push_back(platform::pollEntry(listener_.fd(), POLLIN));
+  for (auto& p : pending_) fds.push_back(platform::pollEntry(p->socket.fd(), POLLIN));
 }
 
 int HelloGate::msUntilNextDeadline() const {
@@ -72,10 +61,10 @@ int HelloGate::msUntilNextDeadline() const {
   return ms;
 }
 
-std::vector<HelloGate::Arrival> HelloGate::handle(const pollfd* fds, const Decide& decide) {
+std::vector<HelloGate::Arrival> HelloGate::handle(const platform::PollFd* fds, const Decide& decide) {
   std::vector<Arrival> admitted;
   bool listenerReady = listenerPolled_ && (fds[0].revents & POLLIN);
-  const pollfd* mine = fds + (listenerPolled_ ? 1 : 0);
+  const platform::PollFd* mine = fds + (listenerPolled_ ? 1 : 0);
   std::vector<std::unique_ptr<Pending>> keep;
   Deadline now = Clock::now();
   for (size_t i = 0; i < pending_.size(); ++i) {
@@ -128,13 +117,9 @@ void HelloGate::acceptAll(const Decide& decide, std::vector<Arrival>& admitted) 
 }
 
 bool HelloGate::shedOne() {
-  if (spare_ < 0) return false;
-  ::close(spare_);
-  int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd >= 0) ::close(fd);
-  spare_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (!spare_.acceptAndClose(listener_.fd())) return false;
   logEviction("this process has no file descriptor left (ulimit -n): a new connection was closed at once");
-  return fd >= 0 && spare_ >= 0;
+  return true;
 }
 
 void HelloGate::makeRoom(const std::string& ip) {

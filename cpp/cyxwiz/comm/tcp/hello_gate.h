@@ -9,14 +9,13 @@
 // nothing done about it (which would spin the loop).
 #pragma once
 
-#include <poll.h>
-
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cyxwiz/comm/tcp/handshake.h"
+#include "cyxwiz/platform/wakeup.h"
 
 namespace cyxwiz::comm::tcp {
 
@@ -39,10 +38,10 @@ class HelloGate {
   HelloGate& operator=(const HelloGate&) = delete;
 
   // Appends pollfds for the listener and the connections in their hello; handle() takes them back.
-  void addPollFds(std::vector<pollfd>& fds);
+  void addPollFds(std::vector<platform::PollFd>& fds);
   // Handles the events of the fds added last (`fds` points at the first), accepts, and closes
   // hellos past their deadline; returns the connections admitted.
-  std::vector<Arrival> handle(const pollfd* fds, const Decide& decide);
+  std::vector<Arrival> handle(const platform::PollFd* fds, const Decide& decide);
   // Milliseconds until the oldest hello's deadline (for the poll timeout); -1 when none waits.
   int msUntilNextDeadline() const;
   int port() const { return listener_.localPort(); }
@@ -64,7 +63,7 @@ class HelloGate {
   int64_t helloTimeoutMs_;
   std::string where_;
   size_t maxPending_, maxPerAddress_;
-  int spare_ = -1;  // a descriptor held back to accept-and-close with when none is left
+  platform::DescriptorReserve spare_;  // to accept-and-close with when no descriptor is left
   std::vector<std::unique_ptr<Pending>> pending_;
   bool listenerPolled_ = false;
   Deadline pausedUntil_{};  // the listener rests: nothing could be accepted

@@ -20,7 +20,7 @@ class Monitor final : public comm::Monitor {
  public:
   Monitor(const DistributedConfig& config, Deadline deadline);
 
-  int fd() const override { return shutdown_ ? -1 : socket_.fd(); }
+  platform::SocketHandle fd() const override { return shutdown_ ? platform::kNoSocket : socket_.fd(); }
   std::optional<Failure> read() override;
   // Tells rank 0, which tells every other rank.
   void report(ErrorKind kind, const std::string& message) override;

@@ -1,9 +1,5 @@
 #include "cyxwiz/comm/tcp/p2p.h"
 
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -77,8 +73,6 @@ PointToPoint::PointToPoint(const DistributedConfig& config, std::unique_ptr<Hell
   gate_->setWhere("ring port");
   for (int r = 0; r < config_.worldSize; ++r) out_.push_back(std::make_unique<Outbound>());
   closedFrom_.resize(static_cast<size_t>(config_.worldSize));
-  wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wakeFd_ < 0) throw NetworkError(makeString(rankPrefix(), "init: eventfd failed: ", errnoString(errno)));
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -89,8 +83,7 @@ std::string PointToPoint::peerName(int rank) const {
 }
 
 void PointToPoint::wake() {
-  uint64_t one = 1;
-  (void)!::write(wakeFd_, &one, sizeof one);
+  wake_.signal();
 }
 
 std::shared_ptr<PointToPoint::Op> PointToPoint::makeOp(const CallSignature& call, const Tensor& data, int peer,
@@ -458,7 +451,7 @@ int PointToPoint::pollTimeoutMs() {
 }
 
 void PointToPoint::loop() {
-  std::vector<pollfd> fds;
+  std::vector<platform::PollFd> fds;
   std::vector<int> outAt;  // fds index of each destination's link, -1 when none is polled
   std::vector<Finished> done;
   std::unique_lock<std::mutex> lock(mutex_);
@@ -470,7 +463,7 @@ void PointToPoint::loop() {
       if (o.state == Outbound::Idle && !o.queue.empty()) dial(dst);
     }
     fds.clear();
-    fds.push_back({wakeFd_, POLLIN, 0});
+    fds.push_back(platform::pollEntry(wake_.handle(), POLLIN));
     outAt.assign(out_.size(), -1);
     for (size_t dst = 0; dst < out_.size(); ++dst) {
       Outbound& o = *out_[dst];
@@ -478,24 +471,22 @@ void PointToPoint::loop() {
       outAt[dst] = static_cast<int>(fds.size());
       short events = POLLIN;  // a hello's answer, or the peer closing
       if (o.state == Outbound::Ready && !o.queue.empty()) events |= POLLOUT;
-      fds.push_back({o.socket.fd(), events, 0});
+      fds.push_back(platform::pollEntry(o.socket.fd(), events));
     }
     const size_t inFrom = fds.size();
-    for (auto& in : in_) fds.push_back({in->socket.fd(), POLLIN, 0});
+    for (auto& in : in_) fds.push_back(platform::pollEntry(in->socket.fd(), POLLIN));
     const size_t gateFrom = fds.size();
     gate_->addPollFds(fds);
     int timeout = pollTimeoutMs();
     lock.unlock();
-    int rc = ::poll(fds.data(), fds.size(), timeout);
+    int err = 0;
+    int rc = platform::pollSockets(fds.data(), fds.size(), timeout, &err);
     lock.lock();
-    if (rc < 0 && errno != EINTR) logWarning(makeString("point-to-point: poll failed: ", errnoString(errno)));
-    if (fds[0].revents & POLLIN) {
-      uint64_t n;
-      (void)!::read(wakeFd_, &n, sizeof n);
-    }
+    if (rc < 0 && err != EINTR) logWarning(makeString("point-to-point: poll failed: ", errnoString(err)));
+    if (fds[0].revents & POLLIN) wake_.drain();
     for (size_t dst = 0; rc > 0 && dst < out_.size(); ++dst) {
       if (outAt[dst] < 0) continue;
-      const pollfd& p = fds[static_cast<size_t>(outAt[dst])];
+      const platform::PollFd& p = fds[static_cast<size_t>(outAt[dst])];
       Outbound& o = *out_[dst];
       if (o.state == Outbound::Dialing && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
         advanceDial(static_cast<int>(dst));
@@ -573,8 +564,6 @@ void PointToPoint::shutdown(Deadline flushBy) {
   }
   wake();
   if (thread_.joinable()) thread_.join();
-  if (wakeFd_ >= 0) ::close(wakeFd_);
-  wakeFd_ = -1;
 }
 
 }  // namespace cyxwiz::comm::tcp

@@ -89,7 +89,7 @@ class PointToPoint {
   std::vector<Finished> finished_;                 // to finish once the lock is released
   bool stopping_ = false, stopped_ = false;
   Deadline flushBy_{};
-  int wakeFd_ = -1;
+  platform::Wakeup wake_;  // the loop polls it beside the sockets
   std::thread thread_;
 };
 

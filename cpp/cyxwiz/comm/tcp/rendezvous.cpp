@@ -1,7 +1,5 @@
 #include "cyxwiz/comm/tcp/rendezvous.h"
 
-#include <poll.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <map>
@@ -101,18 +99,19 @@ std::map<LinkKey, Pair> handshakeLinks(const DistributedConfig& config, HelloGat
     return refusal;
   };
   std::map<LinkKey, Pair> accepted;
-  std::vector<pollfd> fds;
+  std::vector<platform::PollFd> fds;
   auto dialing = [&] { return std::any_of(dialed.begin(), dialed.end(), [](Dialed& d) { return !d.hello.done(); }); };
   while ((!expected.empty() || dialing()) && Clock::now() < deadline) {
     throwIfInterrupted("init");
     fds.clear();
-    for (Dialed& d : dialed) fds.push_back({d.hello.done() ? -1 : d.pair.socket.fd(), POLLIN, 0});
+    for (Dialed& d : dialed) fds.push_back(platform::pollEntry(d.hello.done() ? platform::kNoSocket : d.pair.socket.fd(), POLLIN));
     gate.addPollFds(fds);
     int timeout = std::min(100, msUntil(deadline));
     int gateMs = gate.msUntilNextDeadline();
     if (gateMs >= 0) timeout = std::min(timeout, gateMs + 1);
-    int rc = ::poll(fds.data(), fds.size(), timeout);
-    if (rc < 0 && errno != EINTR) throw NetworkError(makeString(rankPrefix(), "init: poll failed: ", errnoString(errno)));
+    int err = 0;
+    int rc = platform::pollSockets(fds.data(), fds.size(), timeout, &err);
+    if (rc < 0 && err != EINTR) throw NetworkError(makeString(rankPrefix(), "init: poll failed: ", errnoString(err)));
     for (size_t i = 0; rc > 0 && i < dialed.size(); ++i) {
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) advanceDialed(dialed[i], deadline);
     }

@@ -1,16 +1,5 @@
 #include "cyxwiz/comm/tcp/socket.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -20,10 +9,7 @@
 
 namespace cyxwiz::comm::tcp {
 
-std::string errnoString(int err) {
-  char buf[256];
-  return std::string(strerror_r(err, buf, sizeof buf));
-}
+std::string errnoString(int err) { return platform::errorText(err); }
 
 bool isUnreachableError(int err) {
   return err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN || err == ENETDOWN;
@@ -45,20 +31,7 @@ std::string listenAddressFor(const std::string& host) {
   return ip;
 }
 
-std::string firstExternalIp() {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return "";
-  std::string found;
-  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
-    char host[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, host, sizeof host);
-    found = host;
-  }
-  ::freeifaddrs(list);
-  return found;
-}
+std::string firstExternalIp() { return platform::firstExternalIp(); }
 
 std::string IoStatus::describe() const {
   switch (kind) {
@@ -74,14 +47,14 @@ Socket& Socket::operator=(Socket&& o) noexcept {
   if (this != &o) {
     close();
     fd_ = o.fd_;
-    o.fd_ = -1;
+    o.fd_ = platform::kNoSocket;
   }
   return *this;
 }
 
 void Socket::close() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+  platform::closeSocket(fd_);
+  fd_ = platform::kNoSocket;
 }
 
 namespace {
@@ -102,27 +75,25 @@ std::string formatAddress(const sockaddr_storage& ss) {
 }
 
 // Waits for `events` on fd; false when the deadline passed first.
-bool waitFor(int fd, short events, Deadline deadline) {
+bool waitFor(platform::SocketHandle fd, short events, Deadline deadline) {
   for (;;) {
-    pollfd p{fd, events, 0};
-    int rc = ::poll(&p, 1, msUntil(deadline));
+    platform::PollFd p = platform::pollEntry(fd, events);
+    int err = 0;
+    int rc = platform::pollSockets(&p, 1, msUntil(deadline), &err);
     if (rc > 0) return true;
     if (rc == 0) return false;
-    if (errno != EINTR) return true;  // let the following syscall report the error
+    if (err != EINTR) return true;  // let the following call report the error
   }
 }
 
 }  // namespace
 
 Socket Socket::listenOn(const std::string& ip, int port, int backlog, int* err) {
-  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!s.valid()) {
-    *err = errno;
-    return Socket();
-  }
-  // Lets a restarted job reuse a port still in TIME_WAIT; a port with a live listener stays refused.
-  int one = 1;
-  ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  Socket s(platform::openStreamSocket(AF_INET, err));
+  if (!s.valid()) return Socket();
+  // Lets a restarted job reuse a port still in TIME_WAIT; a port with a live listener stays refused
+  // (Windows: its default already; there SO_REUSEADDR would let two listeners share a port).
+  platform::allowAddressReuse(s.fd());
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -132,7 +103,7 @@ Socket Socket::listenOn(const std::string& ip, int port, int backlog, int* err) 
   }
   addr.sin_port = htons(static_cast<uint16_t>(port));
   if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(s.fd(), backlog) != 0) {
-    *err = errno;
+    *err = platform::lastSocketError();
     return Socket();
   }
   s.setNonBlocking();
@@ -150,17 +121,16 @@ Socket Socket::connectTo(const std::string& host, int port, Deadline deadline, i
     *err = ENOENT;
     return Socket();
   }
-  Socket s(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  Socket s(platform::openStreamSocket(res->ai_family, err));
   if (!s.valid()) {
-    *err = errno;
     ::freeaddrinfo(res);
     return Socket();
   }
   s.setNonBlocking();
-  int rc = ::connect(s.fd(), res->ai_addr, res->ai_addrlen);
+  int rc = platform::startConnect(s.fd(), res->ai_addr, res->ai_addrlen);
   ::freeaddrinfo(res);
-  if (rc != 0 && errno != EINPROGRESS) {
-    *err = errno;
+  if (rc != 0 && rc != EINPROGRESS) {
+    *err = rc;
     return Socket();
   }
   if (rc != 0) {
@@ -168,9 +138,7 @@ Socket Socket::connectTo(const std::string& host, int port, Deadline deadline, i
       *err = ETIMEDOUT;
       return Socket();
     }
-    int soerr = 0;
-    socklen_t len = sizeof soerr;
-    ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &soerr, &len);
+    int soerr = platform::pendingError(s.fd());
     if (soerr != 0) {
       *err = soerr;
       return Socket();
@@ -182,57 +150,28 @@ Socket Socket::connectTo(const std::string& host, int port, Deadline deadline, i
 }
 
 Socket Socket::acceptNow(int* err) const {
-  for (;;) {
-    int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd >= 0) {
-      Socket s(fd);
-      s.setNoDelay();
-      *err = 0;
-      return s;
-    }
-    if (errno == EINTR || errno == ECONNABORTED) continue;
-    *err = errno;
-    return Socket();
+  Socket s(platform::acceptConnection(fd_, err));
+  if (s.valid()) {
+    s.setNoDelay();
+    *err = 0;
   }
+  return s;
 }
 
-void Socket::setNonBlocking() {
-  int flags = ::fcntl(fd_, F_GETFL, 0);
-  ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
-}
+void Socket::setNonBlocking() { platform::setNonBlocking(fd_); }
 
-void Socket::setNoDelay() {
-  int one = 1;
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
+void Socket::setNoDelay() { platform::setSocketOption(fd_, IPPROTO_TCP, TCP_NODELAY, 1); }
 
 void Socket::setBufferSizes(int bytes) {
-  ::setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
-  ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+  platform::setSocketOption(fd_, SOL_SOCKET, SO_SNDBUF, bytes);
+  platform::setSocketOption(fd_, SOL_SOCKET, SO_RCVBUF, bytes);
 }
 
-void Socket::setLiveness(int64_t timeoutMs) {
-  auto seconds = [](int64_t ms) { return static_cast<int>(std::clamp<int64_t>(ms / 1000, 1, 3600)); };
-  int one = 1, idle = seconds(timeoutMs / 3), interval = seconds(timeoutMs / 6);
-  unsigned userTimeout = static_cast<unsigned>(std::clamp<int64_t>(timeoutMs + timeoutMs / 2, 1000, INT_MAX));
-  ::setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeout, sizeof userTimeout);
-}
+void Socket::setLiveness(int64_t timeoutMs) { platform::setTcpLiveness(fd_, timeoutMs); }
 
-void Socket::shutdownBoth() const {
-  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
-}
+void Socket::shutdownBoth() const { platform::shutdownSocket(fd_); }
 
-bool Socket::peerUnresponsive(int64_t* silentMs) const {
-  tcp_info info{};
-  socklen_t len = sizeof info;
-  if (fd_ < 0 || ::getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;
-  *silentMs = info.tcpi_last_ack_recv;
-  // Retransmitted data or keepalive/window probes still unanswered: its kernel is not there.
-  return info.tcpi_probes > 0 || (info.tcpi_unacked > 0 && info.tcpi_retransmits > 0);
-}
+bool Socket::peerUnresponsive(int64_t* silentMs) const { return platform::tcpPeerUnresponsive(fd_, silentMs); }
 
 std::string Socket::peerAddress() const {
   sockaddr_storage ss{};
@@ -260,18 +199,19 @@ IoStatus Socket::sendAll(const void* data, size_t n, Deadline deadline) const {
   IoStatus st;
   const char* p = static_cast<const char*>(data);
   while (st.done < n) {
-    ssize_t k = ::send(fd_, p + st.done, n - st.done, MSG_NOSIGNAL);
+    int err = 0;
+    int64_t k = platform::sendNow(fd_, p + st.done, n - st.done, &err);
     if (k > 0) {
       st.done += static_cast<size_t>(k);
       continue;
     }
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    if (k < 0 && err == EINTR) continue;
+    if (k < 0 && (err == EAGAIN || err == EWOULDBLOCK)) {
       if (!waitFor(fd_, POLLOUT, deadline)) return {IoStatus::TimedOut, 0, st.done};
       continue;
     }
-    if (k < 0 && (errno == EPIPE || errno == ECONNRESET)) return {IoStatus::Closed, errno, st.done};
-    return {IoStatus::Failed, errno, st.done};
+    if (k < 0 && (err == EPIPE || err == ECONNRESET)) return {IoStatus::Closed, err, st.done};
+    return {IoStatus::Failed, err, st.done};
   }
   return st;
 }
@@ -280,43 +220,46 @@ IoStatus Socket::recvAll(void* data, size_t n, Deadline deadline) const {
   IoStatus st;
   char* p = static_cast<char*>(data);
   while (st.done < n) {
-    ssize_t k = ::recv(fd_, p + st.done, n - st.done, 0);
+    int err = 0;
+    int64_t k = platform::recvNow(fd_, p + st.done, n - st.done, &err);
     if (k > 0) {
       st.done += static_cast<size_t>(k);
       continue;
     }
     if (k == 0) return {IoStatus::Closed, 0, st.done};
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    if (err == EINTR) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK) {
       if (!waitFor(fd_, POLLIN, deadline)) return {IoStatus::TimedOut, 0, st.done};
       continue;
     }
-    if (errno == ECONNRESET) return {IoStatus::Closed, errno, st.done};
-    return {IoStatus::Failed, errno, st.done};
+    if (err == ECONNRESET) return {IoStatus::Closed, err, st.done};
+    return {IoStatus::Failed, err, st.done};
   }
   return st;
 }
 
 IoStatus Socket::recvSome(void* data, size_t n) const {
   for (;;) {
-    ssize_t k = ::recv(fd_, data, n, MSG_DONTWAIT);
+    int err = 0;
+    int64_t k = platform::recvNow(fd_, data, n, &err);
     if (k > 0) return {IoStatus::Ok, 0, static_cast<size_t>(k)};
     if (k == 0) return {IoStatus::Closed, 0, 0};
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return {IoStatus::Ok, 0, 0};
-    if (errno == ECONNRESET) return {IoStatus::Closed, errno, 0};
-    return {IoStatus::Failed, errno, 0};
+    if (err == EINTR) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK) return {IoStatus::Ok, 0, 0};
+    if (err == ECONNRESET) return {IoStatus::Closed, err, 0};
+    return {IoStatus::Failed, err, 0};
   }
 }
 
 IoStatus Socket::sendSome(const void* data, size_t n) const {
   for (;;) {
-    ssize_t k = ::send(fd_, data, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    int err = 0;
+    int64_t k = platform::sendNow(fd_, data, n, &err);
     if (k >= 0) return {IoStatus::Ok, 0, static_cast<size_t>(k)};
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return {IoStatus::Ok, 0, 0};
-    if (errno == EPIPE || errno == ECONNRESET) return {IoStatus::Closed, errno, 0};
-    return {IoStatus::Failed, errno, 0};
+    if (err == EINTR) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK) return {IoStatus::Ok, 0, 0};
+    if (err == EPIPE || err == ECONNRESET) return {IoStatus::Closed, err, 0};
+    return {IoStatus::Failed, err, 0};
   }
 }
 

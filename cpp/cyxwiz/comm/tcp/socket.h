@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cyxwiz/comm/deadline.h"
+#include "cyxwiz/platform/net.h"
 
 namespace cyxwiz::comm::tcp {
 
@@ -23,15 +24,15 @@ struct IoStatus {
 class Socket {
  public:
   Socket() = default;
-  explicit Socket(int fd) : fd_(fd) {}
+  explicit Socket(platform::SocketHandle fd) : fd_(fd) {}
   ~Socket() { close(); }
-  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = platform::kNoSocket; }
   Socket& operator=(Socket&& o) noexcept;
   Socket(const Socket&) = delete;
   Socket& operator=(const Socket&) = delete;
 
-  int fd() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
+  platform::SocketHandle fd() const { return fd_; }
+  bool valid() const { return fd_ != platform::kNoSocket; }
   void close();
 
   // Listens on the IPv4 address `ip` ("" = every interface); port 0 picks a free one. Returns an
@@ -56,7 +57,7 @@ class Socket {
   // at once, and the number cannot be reused by another socket or file until close().
   void shutdownBoth() const;
   // True when the peer's machine is not answering: data or probes outstanding and unacknowledged
-  // (TCP_INFO). A peer whose process is stopped still acknowledges: false. `silentMs`: how long
+  // (TCP_INFO where the system has it; else always false). A peer whose process is stopped still acknowledges: false. `silentMs`: how long
   // since it last acknowledged anything.
   bool peerUnresponsive(int64_t* silentMs) const;
 
@@ -72,7 +73,7 @@ class Socket {
   IoStatus sendSome(const void* data, size_t n) const;
 
  private:
-  int fd_ = -1;
+  platform::SocketHandle fd_ = platform::kNoSocket;
 };
 
 std::string errnoString(int err);

@@ -1,9 +1,5 @@
 #include "cyxwiz/comm/tcp/store_server.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <map>
@@ -415,24 +411,18 @@ StoreServer::StoreServer(const DistributedConfig& config) : port_(config.masterP
   warnIfOpen(config, ip, port_);
   gate_ = std::make_unique<HelloGate>(std::move(listener), job_, false, std::min<int64_t>(config.timeoutMs, kHelloTimeoutMs),
                                       "rendezvous");
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) throw NetworkError(makeString("init: pipe failed: ", errnoString(errno)));
-  wakeRead_ = fds[0];
-  wakeWrite_ = fds[1];
+  wake_ = std::make_unique<platform::Wakeup>();
   thread_ = std::thread([this] { run(); });
 }
 
 StoreServer::~StoreServer() {
   stop();
-  if (wakeRead_ >= 0) ::close(wakeRead_);
-  if (wakeWrite_ >= 0) ::close(wakeWrite_);
 }
 
 void StoreServer::stop() {
   if (!thread_.joinable()) return;
   stopping_ = true;
-  char b = 1;
-  (void)!::write(wakeWrite_, &b, 1);
+  wake_->signal();
   thread_.join();
   gate_->close();
 }
@@ -442,18 +432,19 @@ void StoreServer::run() {
   HelloGate::Decide decide = [&loop](const wire::Hello& hello, const std::string&, bool* later) {
     return loop.admission(hello, later);
   };
-  std::vector<pollfd> fds;
+  std::vector<platform::PollFd> fds;
   while (!stopping_) {
     auto& conns = loop.connections();
-    fds.assign({{wakeRead_, POLLIN, 0}});
+    fds.assign({platform::pollEntry(wake_->handle(), POLLIN)});
     gate_->addPollFds(fds);
     size_t first = fds.size();
-    for (auto& c : conns) fds.push_back({c->socket.fd(), static_cast<short>(POLLIN | (loop.wantsToWrite(*c) ? POLLOUT : 0)), 0});
+    for (auto& c : conns) fds.push_back(platform::pollEntry(c->socket.fd(), POLLIN | (loop.wantsToWrite(*c) ? POLLOUT : 0)));
     int timeout = loop.timeoutPending() ? 20 : 200;
     int gateMs = gate_->msUntilNextDeadline();
     if (gateMs >= 0) timeout = std::min(timeout, gateMs + 1);
-    int rc = ::poll(fds.data(), fds.size(), timeout);
-    if (rc < 0 && errno != EINTR) break;
+    int err = 0;
+    int rc = platform::pollSockets(fds.data(), fds.size(), timeout, &err);
+    if (rc < 0 && err != EINTR) break;
     if (rc > 0) {
       for (size_t i = 0; i < conns.size(); ++i) {
         short ev = fds[first + i].revents;

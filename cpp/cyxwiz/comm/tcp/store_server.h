@@ -42,7 +42,7 @@ class StoreServer {
   std::unique_ptr<HelloGate> gate_;
   int port_;
   JobIdentity job_;
-  int wakeRead_ = -1, wakeWrite_ = -1;
+  std::unique_ptr<platform::Wakeup> wake_;  // stop() wakes the loop with it
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
