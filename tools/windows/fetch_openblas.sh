@@ -14,7 +14,7 @@
 #
 # The last line of stdout is OpenBLAS_DIR (scripts read it). Environment:
 #   PYTHON                         the interpreter whose scipy-openblas32 sets the version and whose
-#                                  pip downloads (default /work/venv/bin/python if it exists, else python3)
+#                                  pip downloads (default python3)
 #   SCIPY_OPENBLAS32_VERSION       that version instead (no installed package needed)
 #   SCIPY_OPENBLAS32_WHEEL         a win_amd64 wheel file already at hand: no download
 # Running it again with DEST already holding that version does nothing (a stamp file records it).
@@ -29,7 +29,7 @@ fi
 dest="$1"
 
 if [[ -z "${PYTHON:-}" ]]; then
-  if [[ -x /work/venv/bin/python ]]; then PYTHON=/work/venv/bin/python; else PYTHON=python3; fi
+  PYTHON=python3
 fi
 
 version="${SCIPY_OPENBLAS32_VERSION:-}"

@@ -47,6 +47,7 @@ done
 # One Wine process first: it creates the prefix (about 10 s), which ranks starting together must not race for.
 step "the Wine prefix"
 wine cmd /c exit 0 </dev/null >/dev/null 2>&1 || true
+if command -v wineserver >/dev/null; then timeout 60 wineserver -w || true; fi  # wineboot's first start finishes
 
 step "rank_checks.exe: 3 ranks under wine"
 CYXWIZ_RANK_CHECKS_PREFIX=wine CYXWIZ_RANK_CHECKS="$out/tests_cpp/rank_checks.exe" \

@@ -2,11 +2,17 @@
 // pick one at load time (ELF ifuncs; PE/COFF has no such thing, so Windows gets the baseline build).
 #pragma once
 
+#if defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#include <immintrin.h>
+#endif
+
 namespace cyxwiz::platform {
 
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+  _mm_pause();
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif

@@ -20,7 +20,7 @@ namespace {
 
 int fdOf(SocketHandle s) { return static_cast<int>(s); }
 
-void setCloseOnExec(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
+[[maybe_unused]] void setCloseOnExec(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
 
 int64_t result(ssize_t k, int* err) {
   if (k < 0) *err = errno;

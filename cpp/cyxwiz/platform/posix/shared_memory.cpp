@@ -85,22 +85,6 @@ SharedMemory SharedMemory::attach(const std::string& name, size_t bytes) {
   return s;
 }
 
-SharedMemory& SharedMemory::operator=(SharedMemory&& o) noexcept {
-  if (this != &o) {
-    release();
-    data_ = o.data_;
-    size_ = o.size_;
-    name_ = std::move(o.name_);
-    linked_ = o.linked_;
-    o.data_ = nullptr;
-    o.size_ = 0;
-    o.linked_ = false;
-  }
-  return *this;
-}
-
-SharedMemory::~SharedMemory() { release(); }
-
 void SharedMemory::unlink() {
   if (linked_) ::shm_unlink(name_.c_str());
   linked_ = false;

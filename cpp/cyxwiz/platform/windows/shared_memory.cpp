@@ -86,23 +86,6 @@ SharedMemory SharedMemory::attach(const std::string& name, size_t bytes) {
   return s;
 }
 
-SharedMemory& SharedMemory::operator=(SharedMemory&& o) noexcept {
-  if (this != &o) {
-    release();
-    data_ = o.data_;
-    size_ = o.size_;
-    name_ = std::move(o.name_);
-    linked_ = false;
-    mapping_ = o.mapping_;
-    o.data_ = nullptr;
-    o.size_ = 0;
-    o.mapping_ = nullptr;
-  }
-  return *this;
-}
-
-SharedMemory::~SharedMemory() { release(); }
-
 void SharedMemory::unlink() {}  // the name goes with the last handle
 
 void SharedMemory::release() {
