@@ -49,9 +49,11 @@ step "the Wine prefix"
 wine cmd /c exit 0 </dev/null >/dev/null 2>&1 || true
 if command -v wineserver >/dev/null; then timeout 60 wineserver -w || true; fi  # wineboot's first start finishes
 
-step "rank_checks.exe: 3 ranks under wine"
+step "rank_checks.exe (3 ranks) under wine: ${PROVE_TESTS:-tests/test_cpp_ranks.py tests/windows}"
+# PROVE_TESTS: what pytest runs here (CI leaves out tests/windows, which its README test run ran).
+# shellcheck disable=SC2086
 CYXWIZ_RANK_CHECKS_PREFIX=wine CYXWIZ_RANK_CHECKS="$out/tests_cpp/rank_checks.exe" \
-  "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_cpp_ranks.py tests/windows
+  "$PYTHON" -m pytest -q -p no:cacheprovider ${PROVE_TESTS:-tests/test_cpp_ranks.py tests/windows}
 
 # Runs N ranks of a Windows program in the background; waits for all; fails if any fails.
 ranks() {
