@@ -5,6 +5,7 @@ ceiling of N busy ranks).
     python benchmarks/train_throughput.py                        # 2 ranks, both models
     python benchmarks/train_throughput.py --world-sizes 2 4 8    # on a machine with >= 8 cores
     python benchmarks/train_throughput.py --modes ddp nocomm     # without the sharded mode
+    python benchmarks/train_throughput.py --modes ddp bf16 nocomm --models large   # 16-bit gradient exchange
     python benchmarks/train_throughput.py --quick                # CI smoke run: 2 ranks, small model (< 60 s)
 
 Modes (--modes, default all three, rounds in this order):
@@ -14,6 +15,9 @@ Modes (--modes, default all three, rounds in this order):
            DDPConfig.shard_optimizer = True (gradients reduce-scattered); torch DDP +
            torch.distributed.optim.ZeroRedundancyOptimizer(optimizer_class=Adam, the same Adam arguments)
            (skipped, with the reason, when it cannot be constructed)
+  bf16     gradients exchanged in bfloat16 (not in the default modes): pycyxwiz DDP with
+           DDPConfig.gradient_dtype = "bfloat16"; torch DDP with the body of bf16_compress_hook as its comm
+           hook (default_hooks._compress_hook(torch.bfloat16): the public hook refuses anything but CUDA/XPU)
   nocomm   the same training without any gradient exchange (the compute-only ceiling)
 CYXWIZ_DDP_SHARD_OPTIMIZER is not passed to the ranks (it would shard the ddp mode too).
 
@@ -52,12 +56,14 @@ from mlp import MODELS  # noqa: E402 - the layer sizes of the MLP the workers tr
 WORKER = os.path.join(HERE, "train_throughput_worker.py")
 BATCH = 64
 FRAMEWORKS = ["pycyxwiz", "torch"]
-MODES = ["ddp", "sharded", "nocomm"]
-COMM_MODES = ["ddp", "sharded"]
-QUICK_MODES = MODES  # --quick measures every mode (about 10 s on 2 cores with torch)
+MODES = ["ddp", "sharded", "bf16", "nocomm"]
+DEFAULT_MODES = ["ddp", "sharded", "nocomm"]
+COMM_MODES = ["ddp", "sharded", "bf16"]
+QUICK_MODES = MODES  # --quick measures every mode (about 15 s on 2 cores with torch)
 SHARD_ENV = "CYXWIZ_DDP_SHARD_OPTIMIZER"  # not passed to the ranks: it would shard the ddp mode too
 VARIANT = {("pycyxwiz", "ddp"): "pycyxwiz DDP", ("pycyxwiz", "sharded"): "pycyxwiz DDP sharded",
-           ("pycyxwiz", "nocomm"): "pycyxwiz no-comm",
+           ("pycyxwiz", "nocomm"): "pycyxwiz no-comm", ("pycyxwiz", "bf16"): "pycyxwiz DDP bf16 gradients",
+           ("torch", "bf16"): "torch DDP bf16 compress hook",
            ("torch", "ddp"): "torch DDP", ("torch", "sharded"): "torch DDP sharded (ZeRO)",
            ("torch", "nocomm"): "torch no-comm"}
 # (rounds, warmup, steps per round) for a full run and for --quick
@@ -87,7 +93,9 @@ PROBES = {
                  "                  'compiler': b.get('compiler'),\n"
                  "                  'ddp': d is not None and hasattr(d, 'DistributedDataParallel'),\n"
                  "                  'shard': d is not None and hasattr(d, 'DDPConfig')\n"
-                 "                           and hasattr(d.DDPConfig(), 'shard_optimizer')}))"),
+                 "                           and hasattr(d.DDPConfig(), 'shard_optimizer'),\n"
+                 "                  'bf16': d is not None and hasattr(d, 'DDPConfig')\n"
+                 "                          and hasattr(d.DDPConfig(), 'gradient_dtype')}))"),
     "torch": ("import json, torch, torch.distributed as d\n"
               "print(json.dumps({'version': torch.__version__,\n"
               "                  'gloo': bool(d.is_available() and d.is_gloo_available())}))"),
@@ -108,6 +116,8 @@ def availability(ver, no_torch):
             no_mode[("pycyxwiz", m)] = "this pycyxwiz has no cx.distributed.DistributedDataParallel (no-comm measured alone)"
     elif why["pycyxwiz"] is None and not p.get("shard"):
         no_mode[("pycyxwiz", "sharded")] = "this pycyxwiz has no cx.distributed.DDPConfig.shard_optimizer"
+    if why["pycyxwiz"] is None and p.get("ddp") and not p.get("bf16"):
+        no_mode[("pycyxwiz", "bf16")] = "this pycyxwiz has no cx.distributed.DDPConfig.gradient_dtype"
     return why, no_mode
 
 
@@ -355,16 +365,16 @@ def main_table(s, model, worlds, fws, modes):
     times, ratio = DDP / no-comm and ratio (sharded) = sharded / no-comm; pycyxwiz/torch for DDP and sharded;
     samples/s of DDP (of sharded when DDP was not asked for)."""
     shown = ["pycyxwiz"] + (["torch"] if "torch" in fws else [])
-    label = {"ddp": "DDP", "sharded": "sharded", "nocomm": "no-comm"}
+    label = {"ddp": "DDP", "sharded": "sharded", "bf16": "DDP bf16", "nocomm": "no-comm"}
     shown_modes = [m for m in MODES if m in modes]
     ratios = [m for m in COMM_MODES if m in modes] if "nocomm" in modes else []
     rate_mode = next((m for m in COMM_MODES if m in modes), "nocomm")
     headers = ["world size"]
     for fw in shown:
         headers += [f"{fw} {label[m]} ms" for m in shown_modes]
-        headers += ["ratio" if m == "ddp" else "ratio (sharded)" for m in ratios]
+        headers += ["ratio" if m == "ddp" else f"ratio ({label[m]})" for m in ratios]
     if "torch" in shown:
-        headers += ["pycyxwiz/torch speedup" + ("" if m == "ddp" else " (sharded)") for m in COMM_MODES if m in modes]
+        headers += ["pycyxwiz/torch speedup" + ("" if m == "ddp" else f" ({label[m]})") for m in COMM_MODES if m in modes]
     headers += [f"{fw} samples/s" + ("" if rate_mode == "ddp" else f" ({label[rate_mode]})") for fw in shown]
     rows = []
     for w in worlds:
@@ -423,7 +433,8 @@ def plot(path, s, models, worlds, fws):
         log(f"plot {path}: matplotlib is not installed (pip install matplotlib); no plot drawn")
         return False
     style = {("pycyxwiz", "ddp"): ("tab:red", "-", "o"), ("pycyxwiz", "sharded"): ("tab:red", ":", "^"),
-             ("pycyxwiz", "nocomm"): ("tab:red", "--", "s"),
+             ("pycyxwiz", "nocomm"): ("tab:red", "--", "s"), ("pycyxwiz", "bf16"): ("tab:red", "-.", "v"),
+             ("torch", "bf16"): ("tab:blue", "-.", "v"),
              ("torch", "ddp"): ("tab:blue", "-", "o"), ("torch", "sharded"): ("tab:blue", ":", "^"),
              ("torch", "nocomm"): ("tab:blue", "--", "s")}
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.5), squeeze=False)
@@ -472,7 +483,7 @@ def parse_args(argv=None):
                    help="torch optimizer: Adam(fused=True), the fair one (default), or torch.optim.Adam as usually written")
     p.add_argument("--modes", nargs="+", choices=MODES, default=None,
                    help="modes to measure, rounds alternating in the order given (default: ddp sharded nocomm; "
-                        "--quick: the same, all three, in under 60 s on 2 cores); the ratios need nocomm")
+                        "--quick: all four, in under 60 s on 2 cores); the ratios need nocomm")
     p.add_argument("--no-torch", action="store_true", help="measure pycyxwiz only")
     p.add_argument("--quick", action="store_true",
                    help="CI smoke run: 2 ranks, small model, few steps, every mode unless --modes (< 60 s)")
@@ -491,7 +502,7 @@ def parse_args(argv=None):
         p.error("--rows, --repeats, --rounds and --steps must be at least 1")
     a.models = list(dict.fromkeys(a.models or (["small"] if a.quick else ["small", "large"])))
     a.frameworks = list(dict.fromkeys(a.frameworks or FRAMEWORKS))
-    a.modes = list(dict.fromkeys(a.modes or (QUICK_MODES if a.quick else MODES)))
+    a.modes = list(dict.fromkeys(a.modes or (QUICK_MODES if a.quick else DEFAULT_MODES)))
     base = QUICK if a.quick else DEFAULTS
     a.plan = {m: (a.rounds or base[m][0], a.warmup if a.warmup is not None else base[m][1], a.steps or base[m][2])
               for m in MODELS}
@@ -538,10 +549,12 @@ def main(argv=None):
                f"127.0.0.1; data randn({args.rows}, 784) + randint(0, 10) per rank, batch gathered by index outside the timer")
     rep.append("pycyxwiz  DDP: out = ddp.forward(x); ddp.backward(loss.backward(out, y)); ddp.update_parameters(opt); "
                "sharded: the same with DDPConfig.shard_optimizer = True (DDP: False); "
+               "bf16: the same with DDPConfig.gradient_dtype = 'bfloat16'; "
                "no-comm: model.forward, model.backward, opt.step(model), model.zero_grad()")
     rep.append("torch     DDP (gloo, env://, GLOO_SOCKET_IFNAME=lo): opt.zero_grad(set_to_none=True); "
                "F.cross_entropy(ddp(x), y).backward(); opt.step(); sharded: the same with "
-               "ZeroRedundancyOptimizer(optimizer_class=Adam) for Adam; no-comm: the same loop, model not wrapped")
+               "ZeroRedundancyOptimizer(optimizer_class=Adam) for Adam; bf16: ddp.register_comm_hook(None, "
+               "partial(default_hooks._compress_hook, torch.bfloat16)); no-comm: the same loop, model not wrapped")
     rep.append(f"modes     {' '.join(args.modes)}")
     plan = "; ".join(f"{m}: {args.plan[m][0]} rounds x ({args.plan[m][1]} warm-up + {args.plan[m][2]} timed steps)"
                      for m in args.models)

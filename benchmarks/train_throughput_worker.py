@@ -17,6 +17,9 @@ Each rank generates its own synthetic data once (float32 randn(rows, 784), randi
                      the same Adam arguments as ddp) instead of Adam (gradients all-reduced by DDP, the
                      updated parameters broadcast by their owners); when it cannot be constructed the mode is
                      skipped (reported in TRAIN_READY/TRAIN_RESULT "skipped"; the ranks agree on it)
+  bf16     the ddp step with gradients exchanged in bfloat16: pycyxwiz DDPConfig.gradient_dtype = "bfloat16";
+           torch DDP with bf16_compress_hook's body (default_hooks._compress_hook(torch.bfloat16): the public
+           hook refuses anything but CUDA/XPU) as its comm hook
   nocomm   the same model without any gradient communication (the compute-only ceiling of N busy ranks):
            pycyxwiz: model.forward, model.backward(loss.backward(...)), opt.step(model), model.zero_grad()
            torch:    the loop above on the plain (unwrapped) model
@@ -47,7 +50,7 @@ from mlp import LR, MODELS, build_cx, torch_mlp  # the MLP every benchmark train
 READY, ROUND, RESULT, ERROR = "TRAIN_READY", "TRAIN_ROUND", "TRAIN_RESULT", "TRAIN_ERROR"
 BATCH = 64
 CLASSES = 10
-MODES = ("ddp", "sharded", "nocomm")
+MODES = ("ddp", "sharded", "bf16", "nocomm")
 SHARD_ENV = "CYXWIZ_DDP_SHARD_OPTIMIZER"
 
 
@@ -98,9 +101,13 @@ class Cyxwiz:
 
     def build(self, sizes, mode, seed):
         m, lossfn, opt = build_cx(self.cx, sizes, seed)
-        if mode in ("ddp", "sharded"):
+        if mode in ("ddp", "sharded", "bf16"):
             shard = mode == "sharded"
             cfg = self.dist.DDPConfig()
+            if mode == "bf16":
+                if not hasattr(cfg, "gradient_dtype"):
+                    raise Skip("this pycyxwiz has no DDPConfig.gradient_dtype")
+                cfg.gradient_dtype = "bfloat16"
             if not hasattr(cfg, "shard_optimizer"):
                 if shard:
                     raise Skip("this pycyxwiz has no DDPConfig.shard_optimizer")
@@ -172,7 +179,19 @@ class Torch:
         F = torch.nn.functional
         torch.manual_seed(seed)
         model = torch_mlp(torch, sizes)
-        net = torch.nn.parallel.DistributedDataParallel(model) if mode in ("ddp", "sharded") else model
+        net = torch.nn.parallel.DistributedDataParallel(model) if mode in ("ddp", "sharded", "bf16") else model
+        if mode == "bf16":
+            try:
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                # bf16_compress_hook is _compress_hook(torch.bfloat16, ...) behind a check that refuses
+                # anything but CUDA/XPU; its body runs on Gloo as it is.
+                def bf16_compress_hook_on_cpu(state, bucket):
+                    return default_hooks._compress_hook(torch.bfloat16, state, bucket)
+
+                net.register_comm_hook(None, bf16_compress_hook_on_cpu)
+            except Exception as e:  # noqa: BLE001 - any reason it cannot be registered: the mode is skipped
+                raise Skip(f"register_comm_hook(_compress_hook(torch.bfloat16)) failed: {type(e).__name__}: {e}") from e
         adam = {"lr": LR, "fused": True} if self.adam == "fused" else {"lr": LR}  # else the per-tensor CPU loop
         if mode == "sharded":
             try:

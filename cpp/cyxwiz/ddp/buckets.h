@@ -28,6 +28,9 @@ struct Bucket {
   // Sharded optimizer step (DDPConfig::shardOptimizer) only:
   Tensor values;               // the parameters of `params`, back to back, as `storage` holds their gradients
   bool partial = false;        // reduce-scattered: only this rank's part of `storage` is averaged
+  // 16-bit gradient exchange (DDPConfig::gradientDtype) only:
+  Tensor wire;                 // `storage` rounded to 16 bits: what the all-reduce (or its half) carries
+  bool onWire = false;         // `work` reduces `wire`: widen it back into `storage` when it is done
 };
 
 class GradientBuckets {

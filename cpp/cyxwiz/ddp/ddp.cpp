@@ -13,6 +13,7 @@
 #include "cyxwiz/common/env.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
+#include "cyxwiz/ddp/wire.h"
 
 namespace cyxwiz::ddp {
 
@@ -39,6 +40,11 @@ bool overlapPolicy(const comm::DistributedConfig& config, bool onGpu) {
 
 }  // namespace
 
+std::string describeSharedSettings(const DDPConfig& config) {
+  return makeString("gradient_dtype=", dtypeName(config.gradientDtype),
+                    " shard_optimizer=", config.shardOptimizer ? "True" : "False");
+}
+
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialModel> model, const DDPConfig& config)
     : model_(std::move(model)), config_(config) {
   CYX_CHECK(model_ != nullptr, "DistributedDataParallel: model is None");
@@ -63,6 +69,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   config_.shardOptimizer = config.shardOptimizer || envFlag("CYXWIZ_DDP_SHARD_OPTIMIZER", false);
   CYX_CHECK(!config_.shardOptimizer || !gpu, rankPrefix(), "DistributedDataParallel: shard_optimizer=True runs with the "
             "CPU backend only in this version; leave it off with ", backend_->name());
+  const DType wire = config_.gradientDtype;
+  CYX_CHECK(wire == DType::Float32 || wire == DType::BFloat16 || wire == DType::Float16, rankPrefix(),
+            "DDPConfig.gradient_dtype=", dtypeName(wire), ": gradients travel in 'float32' (default), 'bfloat16' or "
+            "'float16'");
+  CYX_CHECK(wire == DType::Float32 || !gpu, rankPrefix(), "DistributedDataParallel: gradient_dtype=", dtypeName(wire),
+            " runs with the CPU backend only in this version; leave it 'float32' with ", backend_->name());
   overlap_ = overlapPolicy(backend_->config(), gpu.has_value());
   if (worldSize() > 1) {
     checkSameArchitecture();
@@ -77,6 +89,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
       *model_, std::max<size_t>(cap, 1), std::min(cap, kFirstBucketCap), [&](int64_t elements) {
         return shared ? backend_->sharedZeros(elements, DType::Float32) : Tensor::zeros({elements}, DType::Float32, device);
       });
+  if (wire != DType::Float32 && worldSize() > 1) {
+    for (Bucket& b : buckets_->buckets()) {
+      const int64_t n = b.storage.numel();
+      b.wire = shared ? backend_->sharedZeros(n, wire) : Tensor::zeros({n}, wire, device);
+    }
+  }
   if (config_.shardOptimizer && worldSize() > 1) shardParameters();
   for (const auto& m : model_->modules()) {
     m->setGradReadyHook([this](nn::Module& module) { onGradsReady(module); });
@@ -85,6 +103,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   if (worldSize() > 1) {
     logInfo(makeString("DistributedDataParallel: ", buckets_->buckets().size(), " gradient buckets; ",
                        shard_.empty() ? "all-reduce " : "sharded optimizer step, reduce-scatter ",
+                       wire == DType::Float32 ? "" : makeString("in ", dtypeName(wire), " "),
                        overlap_ ? "overlapped with backward" : "at sync time (fewer than 2 cores per local rank)",
                        model_->device().type == DeviceType::CUDA ? makeString(", on ", model_->device().str()) : ""));
   }
@@ -100,18 +119,32 @@ DistributedDataParallel::~DistributedDataParallel() {
 }
 
 void DistributedDataParallel::checkSameArchitecture() {
+  // What every rank sends: "<fingerprint>\n<settings>\n<layer summary>".
   std::string summary;
   for (const auto& m : model_->modules()) summary += (summary.empty() ? "" : " -> ") + m->repr();
-  std::vector<std::string> all = comm::allGatherStrings(*backend_, fingerprint_ + "\n" + summary);
-  bool same = true;
-  for (const std::string& s : all) same = same && s.substr(0, s.find('\n')) == fingerprint_;
-  if (same) return;
-  std::string message = makeString(rankPrefix(), "DistributedDataParallel: the model differs across ranks; every rank "
-                                   "must build the same architecture (same layers, sizes and order):");
+  const std::string settings = describeSharedSettings(config_);
+  std::vector<std::string> all = comm::allGatherStrings(*backend_, fingerprint_ + "\n" + settings + "\n" + summary);
+  auto field = [&](size_t r, int k) {  // k: 0 fingerprint, 1 settings, 2 summary
+    size_t begin = 0;
+    for (int i = 0; i < k; ++i) begin = all[r].find('\n', begin) + 1;
+    return k == 2 ? all[r].substr(begin) : all[r].substr(begin, all[r].find('\n', begin) - begin);
+  };
+  bool sameModel = true, sameSettings = true;
   for (size_t r = 0; r < all.size(); ++r) {
-    bool differs = all[r].substr(0, all[r].find('\n')) != all[0].substr(0, all[0].find('\n'));
-    message += makeString("\n  rank ", r, differs ? " (differs from rank 0)" : "", ": ",
-                          all[r].substr(all[r].find('\n') + 1));
+    sameModel = sameModel && field(r, 0) == fingerprint_;
+    sameSettings = sameSettings && field(r, 1) == settings;
+  }
+  if (sameModel && sameSettings) return;
+  const int k = sameModel ? 1 : 2;
+  std::string message = sameModel
+      ? makeString(rankPrefix(), "DistributedDataParallel: the DDP settings differ across ranks; every rank must "
+                   "wrap its model with the same DDPConfig (gradient_dtype, shard_optimizer and their environment "
+                   "variables):")
+      : makeString(rankPrefix(), "DistributedDataParallel: the model differs across ranks; every rank must build the "
+                   "same architecture (same layers, sizes and order):");
+  for (size_t r = 0; r < all.size(); ++r) {
+    const bool differs = field(r, k == 1 ? 1 : 0) != field(0, k == 1 ? 1 : 0);
+    message += makeString("\n  rank ", r, differs ? " (differs from rank 0)" : "", ": ", field(r, k));
   }
   throw DistError(message);
 }
@@ -196,13 +229,35 @@ void DistributedDataParallel::shardParameters() {
 }
 
 void DistributedDataParallel::launch(Bucket& bucket) {
+  const Tensor* data = &bucket.storage;
+  comm::ReduceOp op = comm::ReduceOp::Avg;
+  if (bucket.wire.defined()) {
+    // float16 tops out at 65504: summing N full-size gradients could overflow where their mean would not.
+    const bool half = bucket.wire.dtype() == DType::Float16;
+    narrowGradients(bucket.storage, bucket.wire, half ? 1.0f / static_cast<float>(worldSize()) : 1.0f);
+    if (half) op = comm::ReduceOp::Sum;
+    data = &bucket.wire;
+    bucket.onWire = true;
+  }
   if (shard_.empty()) {
-    bucket.work = backend_->allReduce(bucket.storage, comm::ReduceOp::Avg, overlap_);
+    bucket.work = backend_->allReduce(*data, op, overlap_);
   } else {
-    bucket.work = backend_->reduceScatterInPlace(bucket.storage, comm::ReduceOp::Avg, overlap_);
+    bucket.work = backend_->reduceScatterInPlace(*data, op, overlap_);
     bucket.partial = true;
   }
   bucket.stale = false;
+}
+
+void DistributedDataParallel::finish(Bucket& bucket) {
+  if (!bucket.work) return;
+  std::exchange(bucket.work, nullptr)->wait();
+  if (!std::exchange(bucket.onWire, false)) return;
+  const auto elements = static_cast<size_t>(bucket.storage.numel());
+  const bool part = bucket.partial;  // reduce-scattered: only this rank's part is reduced
+  const auto first = part ? static_cast<int64_t>(comm::partBegin(elements, worldSize(), rank())) : 0;
+  const auto last = part ? static_cast<int64_t>(comm::partBegin(elements, worldSize(), rank() + 1))
+                         : static_cast<int64_t>(elements);
+  widenGradients(bucket.wire, bucket.storage, first, last);
 }
 
 void DistributedDataParallel::completeGradients() {
@@ -220,9 +275,7 @@ void DistributedDataParallel::launchStale() {
 }
 
 void DistributedDataParallel::waitAll() {
-  for (Bucket& b : buckets_->buckets()) {
-    if (b.work) std::exchange(b.work, nullptr)->wait();
-  }
+  for (Bucket& b : buckets_->buckets()) finish(b);
 }
 
 void DistributedDataParallel::guardGradients(nn::SequentialModel::GradientUse use) {
@@ -259,7 +312,7 @@ void DistributedDataParallel::updateParameters(nn::Optimizer& optimizer) {
   if (!shard_.empty()) optimizer.setShard(shard_);
   optimizer.beginStep(params);
   for (Bucket& b : buckets_->buckets()) {
-    if (b.work) std::exchange(b.work, nullptr)->wait();
+    finish(b);
     optimizer.updateParameters(b.params, params);  // one fused launch per bucket on a GPU
     b.storage.fill(0.0);  // sharded: the reduce-scatter's end means no peer reads it any more
     if (!shard_.empty()) {
@@ -300,7 +353,7 @@ nn::OptimizerState DistributedDataParallel::optimizerState(const nn::Optimizer& 
 void DistributedDataParallel::discardCapturedWork() {
   for (Bucket& b : buckets_->buckets()) {
     b.work = nullptr;
-    b.stale = false;
+    b.stale = b.onWire = false;
   }
 }
 

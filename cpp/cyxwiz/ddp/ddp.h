@@ -15,6 +15,12 @@
 // bytes as an all-reduce but runs the optimizer on 1/N of the parameters with 1/N of its state.
 // syncGradients completes the gradients (all-gathers them) for code that reads or clips them.
 //
+// 16-bit gradient exchange (DDPConfig::gradientDtype bfloat16 or float16): each bucket is rounded
+// into a 16-bit copy when its layers are done, that copy is all-reduced (or reduce-scattered), and the
+// result is widened back into the float32 bucket when the step waits for it (ddp/wire.h). float16 is
+// pre-divided by the world size and summed, so that sums cannot overflow (torch's fp16_compress_hook).
+// Accumulation under no_sync, the optimizer and its state stay float32.
+//
 // Overlap needs a spare core per rank for the communication thread: with fewer (more ranks than half
 // the cores on this machine) it only takes time from the other ranks' computation, so the buckets
 // are reduced on the caller's thread at sync time instead. CYXWIZ_DDP_OVERLAP=1/0 forces either.
@@ -41,7 +47,12 @@ struct DDPConfig {
   bool findUnusedParameters = false;  // accepted for PyTorch parity; every layer gets a gradient here
   bool checkGradients = false;        // also on with CYXWIZ_DDP_CHECK_GRADIENTS=1
   bool shardOptimizer = false;        // also on with CYXWIZ_DDP_SHARD_OPTIMIZER=1 (see above)
+  DType gradientDtype = DType::Float32;  // what gradients travel in: Float32, BFloat16 or Float16 (see above)
 };
+
+// The settings every rank must share ("gradient_dtype=bfloat16 shard_optimizer=False"); compared at
+// construction beside the architecture.
+std::string describeSharedSettings(const DDPConfig& config);
 
 class DistributedDataParallel {
  public:
@@ -84,6 +95,8 @@ class DistributedDataParallel {
   void broadcastParameters();
   void onGradsReady(const nn::Module& module);
   void launch(Bucket& bucket);  // async when overlapping, else on the caller's thread
+  // Waits for the bucket's collective; a 16-bit one is widened back into the float32 gradients.
+  void finish(Bucket& bucket);
   void launchStale();
   void waitAll();
   // Sharded step: rebinds every parameter's value to a view into its bucket's `values`.

@@ -1,0 +1,64 @@
+#include "cyxwiz/ddp/wire.h"
+
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/tensor/half.h"
+
+namespace cyxwiz::ddp {
+
+namespace {
+
+// Branch-free conversions in plain loops: the compiler vectorises each (half.h).
+template <uint16_t (*Narrow)(float)>
+void narrow(const float* __restrict in, uint16_t* __restrict out, int64_t n, float scale) {
+  if (scale == 1.0f) {
+    for (int64_t i = 0; i < n; ++i) out[i] = Narrow(in[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = Narrow(in[i] * scale);
+  }
+}
+
+template <float (*Widen)(uint16_t)>
+void widen(const uint16_t* __restrict in, float* __restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = Widen(in[i]);
+}
+
+void checkPair(const Tensor& grads, const Tensor& wire, const char* what) {
+  CYX_CHECK(grads.dtype() == DType::Float32 && (wire.dtype() == DType::BFloat16 || wire.dtype() == DType::Float16) &&
+                grads.numel() == wire.numel() && !grads.isCuda() && !wire.isCuda(),
+            what, ": expected float32 gradients and a 16-bit host buffer of the same size");
+}
+
+}  // namespace
+
+DType parseGradientDtype(const std::string& name) {
+  if (name == "float32") return DType::Float32;
+  if (name == "bfloat16") return DType::BFloat16;
+  if (name == "float16") return DType::Float16;
+  throw InvalidArgument(makeString("DDPConfig.gradient_dtype='", name, "': the dtype gradients travel in between ranks "
+                                   "is one of 'float32' (default), 'bfloat16' or 'float16'"));
+}
+
+void narrowGradients(const Tensor& grads, const Tensor& wire, float scale) {
+  checkPair(grads, wire, "narrowGradients");
+  auto* out = static_cast<uint16_t*>(wire.rawData());
+  const float* in = grads.data<float>();
+  if (wire.dtype() == DType::BFloat16) {
+    narrow<floatToBFloat16>(in, out, grads.numel(), scale);
+  } else {
+    narrow<floatToHalf>(in, out, grads.numel(), scale);
+  }
+}
+
+void widenGradients(const Tensor& wire, const Tensor& grads, int64_t first, int64_t last) {
+  checkPair(grads, wire, "widenGradients");
+  CYX_CHECK(0 <= first && first <= last && last <= grads.numel(), "widenGradients: range out of bounds");
+  const auto* in = static_cast<const uint16_t*>(wire.rawData()) + first;
+  float* out = grads.data<float>() + first;
+  if (wire.dtype() == DType::BFloat16) {
+    widen<bfloat16ToFloat>(in, out, last - first);
+  } else {
+    widen<halfToFloat>(in, out, last - first);
+  }
+}
+
+}  // namespace cyxwiz::ddp

@@ -1,0 +1,24 @@
+// Gradients as they travel between ranks (DDPConfig::gradientDtype). A bucket's float32 gradients
+// are rounded into a 16-bit copy of the bucket (bfloat16 or float16), that copy is reduced (the
+// transports widen each element to float32, combine and round back), and the result is widened back
+// into the float32 gradients, which the optimizer and the caller read as before. Half the bytes on
+// every link; the optimizer, its state and the parameters stay float32.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cyxwiz/tensor/tensor.h"
+
+namespace cyxwiz::ddp {
+
+// "float32", "bfloat16" or "float16" (numpy/torch spelling); anything else is refused with the choices.
+DType parseGradientDtype(const std::string& name);
+
+// wire[i] = round(grads[i] * scale), nearest-even, for every element (scale 1/N pre-divides float16
+// sums so that they cannot overflow, as torch's fp16_compress_hook).
+void narrowGradients(const Tensor& grads, const Tensor& wire, float scale);
+// grads[i] = wire[i] for i in [first, last): a reduce-scattered bucket is averaged in this rank's part only.
+void widenGradients(const Tensor& wire, const Tensor& grads, int64_t first, int64_t last);
+
+}  // namespace cyxwiz::ddp
