@@ -76,9 +76,10 @@ void init_ddp(py::module_& d) {
       .def_property(
           "gradient_dtype", [](const DDPConfig& c) { return dtypeName(c.gradientDtype); },
           [](DDPConfig& c, const std::string& name) { c.gradientDtype = parseGradientDtype(name); },
-          "The dtype gradients travel in between ranks: 'float32' (default), 'bfloat16' or 'float16' (CPU "
-          "backend). 16 bits halve the bytes every step moves; gradients, optimizer and parameters stay float32 "
-          "(each bucket is rounded for the all-reduce and widened back). float16 is pre-divided by the world size.")
+          "The dtype gradients travel in between ranks: 'float32' (default), 'bfloat16' or 'float16' (CPU and "
+          "NCCL backends; on a GPU model the rounding is a kernel and NCCL reduces the 16-bit copy). 16 bits halve "
+          "the bytes every step moves; gradients, optimizer and parameters stay float32 (each bucket is rounded for "
+          "the all-reduce and widened back). float16 is pre-divided by the world size.")
       .def("__repr__", [](const DDPConfig& c) {
         return makeString("DDPConfig(broadcast_parameters=", c.broadcastParameters ? "True" : "False",
                           ", bucket_size_mb=", c.bucketSizeMb, ", find_unused_parameters=",

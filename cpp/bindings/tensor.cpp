@@ -3,10 +3,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/ddp/wire.h"
 #include "cyxwiz/device/cuda.h"
 #include "cyxwiz/tensor/blas.h"
-#include "cyxwiz/tensor/half.h"
 #include "cyxwiz/tensor/random.h"
 #include "cyxwiz/tensor/tensor.h"
 #include "dlpack.h"
@@ -14,8 +17,26 @@
 #include "numpy_convert.h"
 
 namespace py = pybind11;
+using cyxwiz::Device;
+using cyxwiz::DType;
 using cyxwiz::Tensor;
 using cyxwiz::bindings::toNumpy;
+
+namespace {
+
+DType sixteenBitDtype(const std::string& dtype, const char* who) {
+  CYX_CHECK(dtype == "bfloat16" || dtype == "float16", who, ": dtype must be \"float16\" or \"bfloat16\", got \"",
+            dtype, "\"");
+  return dtype == "bfloat16" ? DType::BFloat16 : DType::Float16;
+}
+
+Device sixteenBitDevice(const std::string& device, const char* who) {
+  const Device d = cyxwiz::device::parseDevice(device);
+  cyxwiz::device::requireDevice(d, who);
+  return d;
+}
+
+}  // namespace
 
 void init_tensor(py::module_& m) {
   py::class_<Tensor>(m, "Tensor", py::buffer_protocol(), R"pbdoc(
@@ -105,25 +126,32 @@ converted once); ``numpy.asarray(t)``, ``memoryview(t)`` and ``t.numpy()`` are v
   m.def("get_rng_state", []() { return py::bytes(cyxwiz::generatorState()); },
         "The engine's random stream state, for checkpoints: restore it with set_rng_state.");
   m.def("set_rng_state", [](const py::bytes& state) { cyxwiz::setGeneratorState(state); }, py::arg("state"));
-  // For tests against numpy's float16 and torch's bfloat16: the conversions the collectives use.
-  m.def("_round_to_16", [](py::array_t<float, py::array::c_style | py::array::forcecast> x, const std::string& dtype) {
-    const bool bf = dtype == "bfloat16";
-    CYX_CHECK(bf || dtype == "float16", "_round_to_16: dtype must be \"float16\" or \"bfloat16\", got \"", dtype, "\"");
+  // For tests against numpy's float16 and torch's bfloat16: the conversions the collectives use, and
+  // DDP's gradient exchange (ddp/wire.h) on "cpu" or a GPU ("cuda:N": the conversion kernels).
+  m.def("_round_to_16", [](py::array_t<float, py::array::c_style | py::array::forcecast> x, const std::string& dtype,
+                           float scale, const std::string& device) {
+    const Device where = sixteenBitDevice(device, "_round_to_16");
+    Tensor wide = Tensor::empty({static_cast<int64_t>(x.size())}, DType::Float32);
+    std::copy_n(x.data(), x.size(), wide.data<float>());
+    Tensor narrow = Tensor::empty({wide.numel()}, sixteenBitDtype(dtype, "_round_to_16"), where);
+    cyxwiz::ddp::narrowGradients(wide.to(where), narrow, scale);
+    const Tensor host = narrow.to(Device{});
     py::array_t<uint16_t> out(x.size());
-    for (py::ssize_t i = 0; i < x.size(); ++i) {
-      out.mutable_data()[i] = bf ? cyxwiz::floatToBFloat16(x.data()[i]) : cyxwiz::floatToHalf(x.data()[i]);
-    }
+    std::memcpy(out.mutable_data(), host.rawData(), host.nbytes());
     return out;
-  }, py::arg("x"), py::arg("dtype"));
-  m.def("_widen_16", [](py::array_t<uint16_t, py::array::c_style | py::array::forcecast> bits, const std::string& dtype) {
-    const bool bf = dtype == "bfloat16";
-    CYX_CHECK(bf || dtype == "float16", "_widen_16: dtype must be \"float16\" or \"bfloat16\", got \"", dtype, "\"");
+  }, py::arg("x"), py::arg("dtype"), py::arg("scale") = 1.0f, py::arg("device") = "cpu");
+  m.def("_widen_16", [](py::array_t<uint16_t, py::array::c_style | py::array::forcecast> bits, const std::string& dtype,
+                        const std::string& device) {
+    const Device where = sixteenBitDevice(device, "_widen_16");
+    Tensor narrow = Tensor::empty({static_cast<int64_t>(bits.size())}, sixteenBitDtype(dtype, "_widen_16"));
+    std::memcpy(narrow.rawData(), bits.data(), narrow.nbytes());
+    Tensor wide = Tensor::empty({narrow.numel()}, DType::Float32, where);
+    cyxwiz::ddp::widenGradients(narrow.to(where), wide, 0, wide.numel());
+    const Tensor host = wide.to(Device{});
     py::array_t<float> out(bits.size());
-    for (py::ssize_t i = 0; i < bits.size(); ++i) {
-      out.mutable_data()[i] = bf ? cyxwiz::bfloat16ToFloat(bits.data()[i]) : cyxwiz::halfToFloat(bits.data()[i]);
-    }
+    std::memcpy(out.mutable_data(), host.rawData(), host.nbytes());
     return out;
-  }, py::arg("bits"), py::arg("dtype"));
+  }, py::arg("bits"), py::arg("dtype"), py::arg("device") = "cpu");
   m.def("set_num_threads", &cyxwiz::blas::setNumThreads, py::arg("n"),
         "Number of BLAS threads for matrix products in this process.");
   m.def("get_num_threads", &cyxwiz::blas::numThreads, "Number of BLAS threads in this process.");

@@ -19,14 +19,14 @@
 namespace cyxwiz::cuda {
 
 // Bumped on any change below; _core refuses a library of another version.
-constexpr int kApiVersion = 7;
+constexpr int kApiVersion = 8;
 
 using Status = std::string;  // empty: success
 
 enum class CopyKind : int { HostToDevice = 0, DeviceToHost = 1, DeviceToDevice = 2 };
 enum class Activation : int { ReLU = 0, GELU = 1, Sigmoid = 2, Tanh = 3 };
-// Same order as cyxwiz::DType and cyxwiz::comm::ReduceOp.
-enum class ElemType : int { Float32 = 0, Float64 = 1, Int32 = 2, Int64 = 3 };
+// Same codes as cyxwiz::DType (its first six) and cyxwiz::comm::ReduceOp.
+enum class ElemType : int { Float32 = 0, Float64 = 1, Int32 = 2, Int64 = 3, Float16 = 4, BFloat16 = 5 };
 enum class ReduceKind : int { Sum = 0, Avg = 1, Max = 2, Min = 3, Product = 4 };
 enum class CollectiveKind : int { AllReduce = 0, Broadcast = 1, AllGather = 2, ReduceScatter = 3 };
 
@@ -130,6 +130,12 @@ class Api {
   // the result is the same either way up to float32 rounding of the GEMM.
   virtual Status linearForward(int dev, const float* x, const float* w, const float* bias, float* y, int64_t rows,
                                int64_t in, int64_t out, bool relu) noexcept = 0;
+  // n elements of `in` into `out`, one of the two Float32 and the other Float16 or BFloat16 (DDP's
+  // 16-bit gradient exchange). Narrowing: out = round(in * scale) to nearest, ties to even (float16
+  // beyond 65520 becomes Inf; NaN stays NaN, sign kept, and is never scaled). Widening is exact and
+  // takes scale 1. The bits equal the host's conversions (cyxwiz/tensor/half.h).
+  virtual Status convertFloats(int dev, const void* in, ElemType inType, void* out, ElemType outType, int64_t n,
+                               float scale) noexcept = 0;
 
   // ---- fused optimizers, all `count` parameters in one launch (formulas as nn/sgd.cpp, nn/adam.cpp) ----
   // The per-step scalars come either as arguments or, when `scalars` is not null, from device memory

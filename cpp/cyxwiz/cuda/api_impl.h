@@ -55,6 +55,8 @@ class ApiImpl final : public Api {
                       int64_t classes, double* sum) noexcept override;
   Status linearForward(int dev, const float* x, const float* w, const float* bias, float* y, int64_t rows, int64_t in,
                        int64_t out, bool relu) noexcept override;
+  Status convertFloats(int dev, const void* in, ElemType inType, void* out, ElemType outType, int64_t n,
+                       float scale) noexcept override;
 
   Status sgdStep(int dev, const OptimizerTensor* tensors, int count, float lr, float momentum, float weightDecay,
                  bool nesterov, const float* scalars) noexcept override;

@@ -11,6 +11,7 @@
 
 #include <math.h>  // the global expf, erff, tanhf, fmaxf... (also CUDA's on the device)
 #include <stdint.h>
+#include <string.h>  // memcpy: the host's bit casts
 
 #include "cyxwiz/cuda/api.h"
 
@@ -114,6 +115,96 @@ CX_HD inline void dropoutElement(const float* x, float* y, float* mask, int64_t 
   const float m = dropoutUniform(seed, i) < keep ? scale : 0.0f;
   mask[i] = m;
   y[i] = x[i] * m;
+}
+
+// ---- kernels_convert.cu: float32 <-> float16 / bfloat16, bit for bit as cyxwiz/tensor/half.h ----
+//
+// The same formulas as half.h (integer operations, and for float16 float32 arithmetic that rounds
+// exactly once per operation), not CUDA's __float2half_rn / __float2bfloat16_rn: those round alike but
+// return a canonical NaN, where the host keeps the NaN's sign. On the device the float operations are
+// __fmul_rn / __fadd_rn, which nvcc never fuses into an FMA; the kernels are built without
+// --use_fast_math, so subnormals are not flushed, as on the host.
+
+CX_HD inline uint32_t bitsOfFloat(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+CX_HD inline float floatOfBits(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+CX_HD inline float mulRn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+CX_HD inline float addRn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// half.h's floatToBFloat16: nearest, ties to even; NaN stays NaN (quiet, sign kept).
+CX_HD inline uint16_t bfloat16Bits(float f) {
+  const uint32_t x = bitsOfFloat(f);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t isNan = 0u - static_cast<uint32_t>((x & 0x7fffffffu) > 0x7f800000u);
+  return static_cast<uint16_t>((((x >> 16) | 0x40u) & isNan) | (rounded & ~isNan));
+}
+
+// half.h's floatToHalf (the FP16 library's): nearest, ties to even; beyond 65520 Inf; NaN stays NaN.
+CX_HD inline uint16_t halfBits(float f) {
+  const uint32_t w = bitsOfFloat(f), shl1W = w + w, sign = w & 0x80000000u;
+  float base = mulRn(mulRn(floatOfBits(w & 0x7fffffffu), 0x1.0p+112f), 0x1.0p-110f);
+  uint32_t bias = shl1W & 0xFF000000u;
+  bias = bias > 0x71000000u ? bias : 0x71000000u;
+  base = addRn(floatOfBits((bias >> 1) + 0x07800000u), base);
+  const uint32_t bits = bitsOfFloat(base);
+  const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+  const uint32_t isNan = 0u - static_cast<uint32_t>(shl1W > 0xFF000000u);
+  return static_cast<uint16_t>((sign >> 16) | (0x7E00u & isNan) | (nonsign & ~isNan));
+}
+
+CX_HD inline float bfloat16Value(uint16_t b) { return floatOfBits(static_cast<uint32_t>(b) << 16); }
+
+// half.h's halfToFloat: exact.
+CX_HD inline float halfValue(uint16_t h) {
+  const uint32_t w = static_cast<uint32_t>(h) << 16, sign = w & 0x80000000u, twoW = w + w;
+  const float normal = mulRn(floatOfBits((twoW >> 4) + (0xE0u << 23)), 0x1.0p-112f);
+  const float subnormal = addRn(floatOfBits((twoW >> 17) | (126u << 23)), -0.5f);
+  const uint32_t isSubnormal = 0u - static_cast<uint32_t>(twoW < (1u << 27));
+  return floatOfBits(sign | (bitsOfFloat(subnormal) & isSubnormal) | (bitsOfFloat(normal) & ~isSubnormal));
+}
+
+// One element of a narrowing: T is ElemType::Float16 or BFloat16. A NaN is not scaled (the GPU's
+// multiply would return a canonical NaN, the host's keeps the sign: both round the original).
+template <ElemType T>
+CX_HD inline void narrowElement(const float* in, uint16_t* out, int64_t i, float scale) {
+  float x = in[i];
+  if (scale != 1.0f && x == x) x = mulRn(x, scale);
+  out[i] = T == ElemType::BFloat16 ? bfloat16Bits(x) : halfBits(x);
+}
+
+template <ElemType T>
+CX_HD inline void widenElement(const uint16_t* in, float* out, int64_t i) {
+  out[i] = T == ElemType::BFloat16 ? bfloat16Value(in[i]) : halfValue(in[i]);
 }
 
 // ---- kernels_loss.cu: the per-element pieces of the row reductions ----

@@ -59,6 +59,11 @@ void launchActivationBackward(cudaStream_t s, Activation f, const float* x, cons
 void launchDropout(cudaStream_t s, const float* x, float* y, float* mask, int64_t n, float keep, float scale,
                    uint64_t seed, const uint64_t* seedOnDevice);
 
+// ---- kernels_convert.cu: `wire` is ElemType::Float16 or BFloat16 ----
+
+void launchNarrowFloats(cudaStream_t s, const float* in, uint16_t* out, int64_t n, ElemType wire, float scale);
+void launchWidenFloats(cudaStream_t s, const uint16_t* in, float* out, int64_t n, ElemType wire);
+
 // ---- kernels_loss.cu ----
 
 void launchSoftmaxForward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols);

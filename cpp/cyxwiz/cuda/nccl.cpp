@@ -31,6 +31,8 @@ bool ncclTypeOf(ElemType t, ncclDataType_t* out) {
     case ElemType::Float64: *out = ncclFloat64; return true;
     case ElemType::Int32: *out = ncclInt32; return true;
     case ElemType::Int64: *out = ncclInt64; return true;
+    case ElemType::Float16: *out = ncclFloat16; return true;    // NCCL reduces these itself
+    case ElemType::BFloat16: *out = ncclBfloat16; return true;
   }
   return false;
 }

@@ -1,5 +1,5 @@
-// The ApiImpl methods of the element-wise kernels (kernels_elementwise.cu): argument checks, the
-// device's compute stream, the launch (launch.h) and its status.
+// The ApiImpl methods of the element-wise kernels (kernels_elementwise.cu, kernels_convert.cu):
+// argument checks, the device's compute stream, the launch (launch.h) and its status.
 #include <string>
 
 #include "cyxwiz/cuda/api_impl.h"
@@ -15,6 +15,8 @@ namespace {
 Status unknownActivation(const char* who, int dev, Activation f) {
   return std::string(who) + " on cuda:" + std::to_string(dev) + ": unknown Activation " + std::to_string(int(f));
 }
+
+bool isSixteenBitFloat(ElemType t) { return t == ElemType::Float16 || t == ElemType::BFloat16; }
 
 }  // namespace
 
@@ -80,6 +82,29 @@ Status ApiImpl::dropoutForward(int dev, const float* x, float* y, float* mask, i
   CX_TRY(useDevice(dev, &s));
   launchDropout(s->compute, x, y, mask, n, keep, 1.0f / keep, seed, seedOnDevice);
   return launchStatus("dropoutKernel", dev);
+}
+
+Status ApiImpl::convertFloats(int dev, const void* in, ElemType inType, void* out, ElemType outType, int64_t n,
+                              float scale) noexcept {
+  const bool narrow = inType == ElemType::Float32 && isSixteenBitFloat(outType);
+  const bool widen = isSixteenBitFloat(inType) && outType == ElemType::Float32;
+  if (!narrow && !widen) {
+    return "convertFloats on cuda:" + std::to_string(dev) + ": converts float32 to float16/bfloat16 or back, not "
+           "ElemType " + std::to_string(int(inType)) + " to " + std::to_string(int(outType));
+  }
+  if (widen && scale != 1.0f) {
+    return "convertFloats on cuda:" + std::to_string(dev) + ": widening is exact and takes scale 1, got " +
+           std::to_string(scale);
+  }
+  if (n <= 0) return {};
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  if (narrow) {
+    launchNarrowFloats(s->compute, static_cast<const float*>(in), static_cast<uint16_t*>(out), n, outType, scale);
+    return launchStatus("narrowKernel", dev);
+  }
+  launchWidenFloats(s->compute, static_cast<const uint16_t*>(in), static_cast<float*>(out), n, inType);
+  return launchStatus("widenKernel", dev);
 }
 
 }  // namespace cyxwiz::cuda

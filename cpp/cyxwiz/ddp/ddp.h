@@ -19,7 +19,10 @@
 // into a 16-bit copy when its layers are done, that copy is all-reduced (or reduce-scattered), and the
 // result is widened back into the float32 bucket when the step waits for it (ddp/wire.h). float16 is
 // pre-divided by the world size and summed, so that sums cannot overflow (torch's fp16_compress_hook).
-// Accumulation under no_sync, the optimizer and its state stay float32.
+// Accumulation under no_sync, the optimizer and its state stay float32. With a GPU model (NCCL, or the
+// CPU backend staging through the host) the rounding and widening are kernels on the compute stream:
+// the narrowing kernel, then the collective (which NCCL starts after the compute stream's work), then,
+// once the step waits for it, the widening kernel; a CUDA graph captures all three.
 //
 // Overlap needs a spare core per rank for the communication thread: with fewer (more ranks than half
 // the cores on this machine) it only takes time from the other ranks' computation, so the buckets

@@ -85,7 +85,7 @@ class DDPConfig:
     find_unused_parameters: bool    # default False; accepted and ignored (every layer of a SequentialModel gets a gradient), INFO logged when True
     check_gradients: bool           # default False, or CYXWIZ_DDP_CHECK_GRADIENTS=1: compare gradient and parameter checksums across ranks at each update_parameters, warn "Gradients differ across ranks" naming the parameter
     shard_optimizer: bool           # default False, or CYXWIZ_DDP_SHARD_OPTIMIZER=1: ZeRO stage 1 on the CPU backend (reduce-scatter the gradients, update 1/N of every bucket with 1/N of the optimizer state, all-gather the parameters)
-    gradient_dtype: str             # default "float32"; "bfloat16" or "float16": gradients travel in 16 bits (CPU backend), half the bytes per step; float16 is pre-divided by the world size
+    gradient_dtype: str             # default "float32"; "bfloat16" or "float16": gradients travel in 16 bits (CPU and NCCL backends), half the bytes per step; float16 is pre-divided by the world size
     def __init__(self) -> None: ...
 
 class DistributedDataParallel:

@@ -19,11 +19,13 @@ namespace cyxwiz::comm::nccl {
 
 namespace {
 
-// The CUDA library's ElemType (a fixed ABI) has the first four DType codes, and only those.
+// The CUDA library's ElemType (a fixed ABI) has the first six DType codes, and only those. NCCL
+// reduces float16 and bfloat16 itself (DDP's 16-bit gradient exchange, ddp/wire.h).
 bool hasElemType(DType d) {
   switch (d) {
     case DType::Float32: case DType::Float64: case DType::Int32: case DType::Int64: return true;
-    case DType::Float16: case DType::BFloat16: case DType::Int8: case DType::UInt8: case DType::Int16: case DType::Bool: return false;
+    case DType::Float16: case DType::BFloat16: return true;
+    case DType::Int8: case DType::UInt8: case DType::Int16: case DType::Bool: return false;
   }
   return false;
 }
@@ -220,8 +222,9 @@ std::shared_ptr<Work> NcclBackend::enqueue(CallSignature call, const Tensor& sen
                                            cuda::CollectiveKind kind, bool async) {
   if (!hasElemType(call.dtype)) {
     throw TypeMismatch(makeString("[", where(), "] ", collectiveName(call.collective), ": the NCCL backend carries GPU "
-                                  "tensors of float32, float64, int32 and int64, got ", dtypeName(call.dtype),
-                                  "; convert the tensor to one of those, or run this collective on host memory"));
+                                  "tensors of float32, float64, float16, bfloat16, int32 and int64, got ",
+                                  dtypeName(call.dtype), "; convert the tensor to one of those, or run this collective "
+                                  "on host memory"));
   }
   std::unique_lock<std::mutex> lock(mutex_);
   checkUsable(collectiveName(call.collective));

@@ -181,7 +181,7 @@ ncclResult_t collective(const CollectiveCall& call, ncclComm_t handle, cudaStrea
   }
   if (c->nranks > 1 && !elemBytes(call.type)) {
     return fail(ncclInvalidArgument, cat(what, ": emulator: data type ", int(call.type),
-                                         " is not emulated between ranks (int32, int64, float32, float64 are)"));
+                                         " is not emulated between ranks (int32, int64, float16, bfloat16, float32, float64 are)"));
   }
   if (call.count) {
     const size_t n = static_cast<size_t>(c->nranks);

@@ -16,6 +16,7 @@
 #include <new>
 #include <type_traits>
 
+#include "cyxwiz/cuda/kernel_math.h"  // the 16-bit conversions, bit for bit cyxwiz/tensor/half.h's
 #include "nccl/text.h"
 
 namespace cxemu::nccl {
@@ -61,6 +62,8 @@ const char* typeName(ncclDataType_t t) {
     case ncclFloat64: return "float64";
     case ncclInt32: return "int32";
     case ncclInt64: return "int64";
+    case ncclFloat16: return "float16";
+    case ncclBfloat16: return "bfloat16";
     default: return "?";
   }
 }
@@ -172,10 +175,56 @@ void reduceParts(void* out, const char* first, size_t stride, int parts, size_t 
   for (int q = 1; q < parts; ++q) fold(acc, reinterpret_cast<const T*>(first + q * stride), n, op);
 }
 
+// float16 and bfloat16 as NCCL reduces them: each operation on two elements is computed in float32
+// and rounded back to the type at once, nearest-even (NCCL's __hadd2/__hmul2 or their float32
+// emulation: the same bits, as float32 holds at least 2p + 2 bits of either type, so rounding twice
+// equals rounding once). Ranks are folded in rank order here, NCCL's ring order differs: with more
+// than two ranks the bits may differ from NCCL's, never at two. AVG is ncclDevPreMulSum: every
+// contribution times 1/nranks rounded to the type, then summed.
+struct Float16Elements {
+  static uint16_t narrow(float x) { return cyxwiz::cuda::halfBits(x); }
+  static float widen(uint16_t b) { return cyxwiz::cuda::halfValue(b); }
+};
+struct BFloat16Elements {
+  static uint16_t narrow(float x) { return cyxwiz::cuda::bfloat16Bits(x); }
+  static float widen(uint16_t b) { return cyxwiz::cuda::bfloat16Value(b); }
+};
+
+inline float combine(float a, float b, ncclRedOp_t op) {
+  switch (op) {
+    case ncclProd: return a * b;
+    case ncclMax: return larger(a, b);
+    case ncclMin: return smaller(a, b);
+    default: return a + b;  // ncclSum, and ncclAvg's sum of premultiplied parts
+  }
+}
+
+template <class E>
+void reduceSixteenBitParts(void* out, const char* first, size_t stride, int parts, size_t n, ncclRedOp_t op) {
+  uint16_t* acc = static_cast<uint16_t*>(out);
+  auto part = [&](int q) { return reinterpret_cast<const uint16_t*>(first + static_cast<size_t>(q) * stride); };
+  if (op == ncclAvg) {
+    const float scale = E::widen(E::narrow(static_cast<float>(1.0 / parts)));
+    for (int q = 0; q < parts; ++q) {
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t mine = E::narrow(E::widen(part(q)[i]) * scale);
+        acc[i] = q ? E::narrow(E::widen(acc[i]) + E::widen(mine)) : mine;
+      }
+    }
+    return;
+  }
+  std::memcpy(acc, first, n * sizeof(uint16_t));
+  for (int q = 1; q < parts; ++q) {
+    for (size_t i = 0; i < n; ++i) acc[i] = E::narrow(combine(E::widen(acc[i]), E::widen(part(q)[i]), op));
+  }
+}
+
 void reduceParts(ncclDataType_t type, void* out, const char* first, size_t stride, int parts, size_t n,
                  ncclRedOp_t op) {
   switch (type) {
     case ncclFloat32: reduceParts<float>(out, first, stride, parts, n, op); return;
+    case ncclFloat16: reduceSixteenBitParts<Float16Elements>(out, first, stride, parts, n, op); return;
+    case ncclBfloat16: reduceSixteenBitParts<BFloat16Elements>(out, first, stride, parts, n, op); return;
     case ncclFloat64: reduceParts<double>(out, first, stride, parts, n, op); return;
     case ncclInt32: reduceParts<int32_t>(out, first, stride, parts, n, op); return;
     case ncclInt64: reduceParts<int64_t>(out, first, stride, parts, n, op); return;
@@ -231,6 +280,8 @@ bool processGone(int32_t pid) {
 
 size_t elemBytes(ncclDataType_t t) {
   switch (t) {
+    case ncclFloat16: return 2;
+    case ncclBfloat16: return 2;
     case ncclFloat32: return 4;
     case ncclFloat64: return 8;
     case ncclInt32: return 4;

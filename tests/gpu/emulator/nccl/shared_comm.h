@@ -25,7 +25,8 @@ namespace cxemu::nccl {
 
 using Status = std::string;  // empty: success; else why
 
-// Bytes of one element of `t` (0 for a type the emulator does not reduce: only 32/64-bit ints and floats).
+// Bytes of one element of `t` (0 for a type the emulator does not reduce: only 32/64-bit ints and floats,
+// float16 and bfloat16).
 size_t elemBytes(ncclDataType_t t);
 
 enum class CollectiveKind { AllReduce, Broadcast, AllGather, ReduceScatter };
