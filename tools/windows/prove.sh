@@ -11,7 +11,9 @@
 #   - allreduce_bench.exe on 3 ranks over both transports: OUT/allreduce_wine.txt (Wine's, so the
 #     figures are relative only).
 # Needs g++-mingw-w64-x86-64-posix, wine64, cmake, ninja and a Python with pytest and scipy-openblas32
-# ($PYTHON, default python3). Exit 0 when everything passed; tools/windows/README.md.
+# ($PYTHON, default python3). Exit 0 when everything passed; tools/windows/README.md. PROVE_TESTS names the
+# pytest files of the rank checks (default tests/test_cpp_ranks.py tests/windows); PROVE_BUILD_ONLY=1 stops
+# after the builds and the Wine prefix (CI builds in the background, then calls it again to run the checks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root="$PWD"
@@ -48,6 +50,11 @@ done
 step "the Wine prefix"
 wine cmd /c exit 0 </dev/null >/dev/null 2>&1 || true
 if command -v wineserver >/dev/null; then timeout 60 wineserver -w || true; fi  # wineboot's first start finishes
+
+if [ -n "${PROVE_BUILD_ONLY:-}" ]; then
+  step "built (PROVE_BUILD_ONLY: the checks run on the next call)"
+  exit 0
+fi
 
 step "rank_checks.exe (3 ranks) under wine: ${PROVE_TESTS:-tests/test_cpp_ranks.py tests/windows}"
 # PROVE_TESTS: what pytest runs here (CI leaves out tests/windows, which its README test run ran).

@@ -3,13 +3,17 @@
 // connected pair of loopback sockets.
 #pragma once
 
+#include <string>
+
 #include "cyxwiz/platform/net.h"
 
 namespace cyxwiz::platform {
 
 class Wakeup {
  public:
-  Wakeup();  // throws cyxwiz::NetworkError when the system has no descriptor left
+  // Throws cyxwiz::NetworkError, its message led by `who` ("[rank 1/4] init: "), when the system has
+  // no descriptor left (or, on Windows, the loopback pair cannot be made).
+  explicit Wakeup(const std::string& who);
   ~Wakeup();
   Wakeup(const Wakeup&) = delete;
   Wakeup& operator=(const Wakeup&) = delete;

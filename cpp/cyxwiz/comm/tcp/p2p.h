@@ -23,6 +23,7 @@
 #include "cyxwiz/comm/config.h"
 #include "cyxwiz/comm/tcp/hello_gate.h"
 #include "cyxwiz/comm/work.h"
+#include "cyxwiz/common/logging.h"
 #include "cyxwiz/tensor/tensor.h"
 
 namespace cyxwiz::comm::tcp {
@@ -89,7 +90,7 @@ class PointToPoint {
   std::vector<Finished> finished_;                 // to finish once the lock is released
   bool stopping_ = false, stopped_ = false;
   Deadline flushBy_{};
-  platform::Wakeup wake_;  // the loop polls it beside the sockets
+  platform::Wakeup wake_{rankPrefix() + "init: "};  // the loop polls it beside the sockets
   std::thread thread_;
 };
 

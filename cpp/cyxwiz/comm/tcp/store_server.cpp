@@ -411,7 +411,7 @@ StoreServer::StoreServer(const DistributedConfig& config) : port_(config.masterP
   warnIfOpen(config, ip, port_);
   gate_ = std::make_unique<HelloGate>(std::move(listener), job_, false, std::min<int64_t>(config.timeoutMs, kHelloTimeoutMs),
                                       "rendezvous");
-  wake_ = std::make_unique<platform::Wakeup>();
+  wake_ = std::make_unique<platform::Wakeup>(rankPrefix() + "init: rendezvous server: ");
   thread_ = std::thread([this] { run(); });
 }
 

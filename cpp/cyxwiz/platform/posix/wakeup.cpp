@@ -24,14 +24,14 @@ void setFlags(int fd) {
 
 }  // namespace
 
-Wakeup::Wakeup() {
+Wakeup::Wakeup(const std::string& who) {
 #if defined(CYXWIZ_EVENTFD)
   int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (fd < 0) throw NetworkError(makeString("init: eventfd failed: ", errorText(errno)));
+  if (fd < 0) throw NetworkError(makeString(who, "eventfd failed: ", errorText(errno), "; raise the open-file limit (ulimit -n)"));
   read_ = write_ = fd;
 #else
   int fds[2];
-  if (::pipe(fds) != 0) throw NetworkError(makeString("init: pipe failed: ", errorText(errno)));
+  if (::pipe(fds) != 0) throw NetworkError(makeString(who, "pipe failed: ", errorText(errno), "; raise the open-file limit (ulimit -n)"));
   setFlags(fds[0]);
   setFlags(fds[1]);
   read_ = fds[0];
