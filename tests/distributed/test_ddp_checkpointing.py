@@ -67,3 +67,38 @@ def test_checkpointed_ddp_equals_plain_ddp(ranks, overlap, shard):
     env = {"CYXWIZ_DDP_OVERLAP": overlap, "CYXWIZ_DDP_SHARD_OPTIMIZER": shard}
     results = ranks.run(SCRIPT, 2, env=env, timeout=60)
     assert_same_digest(reports_of(ranks, results, 2))
+
+
+FIT = PRELUDE + r'''
+D.init()
+rng = np.random.default_rng(5)
+X = rng.standard_normal((150, 20)).astype(np.float32)   # 150 = 2 ranks x (4 x 16 + 11): short last batches
+y = rng.integers(0, 5, 150)
+
+
+def fit(segments):
+    cx.manual_seed(3)
+    m = cx.SequentialModel()
+    for layer in (cx.LinearModule(20, 32), cx.ReLUModule(), cx.DropoutModule(0.2), cx.LinearModule(32, 32),
+                  cx.ReLUModule(), cx.LinearModule(32, 5)):
+        m.add(layer)
+    m.set_gradient_checkpointing(segments)
+    trainer = D.DistributedTrainer(m, LOSS, cx.AdamOptimizer(0.01))
+    config = D.DistributedTrainingConfig()
+    config.epochs, config.batch_size, config.verbose, config.validation_split = 2, 16, False, 0.1
+    h = trainer.fit(X, y, config)
+    return copies(m.parameters()), (h.train_losses, h.val_losses, h.train_accuracies)
+
+
+plain, history = fit(0)
+got, got_history = fit(3)
+expect(all(np.array_equal(p, q) for p, q in zip(got, plain)), "fit with segments=3: parameters differ from plain fit")
+expect(got_history == history, f"fit with segments=3: history {got_history} != plain {history}")
+finish(digest=digest(plain))
+'''
+
+
+def test_checkpointed_fit_equals_plain_fit(ranks):
+    """DistributedTrainer.fit over a checkpointed model (evaluation runs in eval mode: no segments)."""
+    results = ranks.run(FIT, 2, timeout=60)
+    assert_same_digest(reports_of(ranks, results, 2))
