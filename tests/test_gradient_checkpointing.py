@@ -231,8 +231,12 @@ def kib(field):
 
 step()                 # optimizer state, BLAS buffers
 m.forward(X[:1])       # the plain model's caches shrink to one row: both start from the same state
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")       # resets VmHWM to the current resident size
+try:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")   # resets VmHWM to the current resident size
+except OSError as e:
+    print(json.dumps({"skip": f"cannot reset VmHWM through /proc/self/clear_refs: {e}"}))
+    sys.exit(0)
 base = kib("VmRSS")
 for _ in range(2):
     step()
@@ -250,6 +254,8 @@ def peak_increase(tmp_path, segments):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
+    if "skip" in r:
+        pytest.skip(r["skip"])
     return (r["peak"] - r["base"]) / 1024
 
 
