@@ -6,7 +6,8 @@ kernels and Dropout masks, and each layer still hands its gradients to its bucke
 ends). The steps accumulate two micro-batches (the first under no_sync) before each Adam step, with
 tiny buckets (one all-reduce per layer) and the all-reduces launched during backward
 (CYXWIZ_DDP_OVERLAP=1, the path in which a recomputed segment's forward runs while later layers'
-buckets are on the wire) and at sync time; and with the sharded optimizer step.
+buckets are on the wire) and at sync time; and with the sharded optimizer step, also with bfloat16
+gradient exchange (DDPConfig.gradient_dtype).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def train(segments):
     m = model(segments)
     cfg = D.DDPConfig()
     cfg.bucket_size_mb = 0.0001
+    cfg.gradient_dtype = os.environ["TEST_GRADIENT_DTYPE"]
     ddp = D.DistributedDataParallel(m, cfg)
     opt = cx.AdamOptimizer(0.01)
     for step in range(4):
@@ -62,9 +64,10 @@ finish(digest=digest(plain))
 '''
 
 
-@pytest.mark.parametrize("overlap,shard", [("1", "0"), ("0", "0"), ("1", "1")])
-def test_checkpointed_ddp_equals_plain_ddp(ranks, overlap, shard):
-    env = {"CYXWIZ_DDP_OVERLAP": overlap, "CYXWIZ_DDP_SHARD_OPTIMIZER": shard}
+@pytest.mark.parametrize("overlap,shard,dtype", [("1", "0", "float32"), ("0", "0", "float32"), ("1", "1", "float32"),
+                                                 ("1", "1", "bfloat16")])
+def test_checkpointed_ddp_equals_plain_ddp(ranks, overlap, shard, dtype):
+    env = {"CYXWIZ_DDP_OVERLAP": overlap, "CYXWIZ_DDP_SHARD_OPTIMIZER": shard, "TEST_GRADIENT_DTYPE": dtype}
     results = ranks.run(SCRIPT, 2, env=env, timeout=60)
     assert_same_digest(reports_of(ranks, results, 2))
 
