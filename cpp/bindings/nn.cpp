@@ -135,6 +135,24 @@ to that device in forward; outputs and gradients stay there as cx.Tensor (np.asa
       .def("train", &SequentialModel::train)
       .def("eval", &SequentialModel::eval)
       .def_property_readonly("training", &SequentialModel::training)
+      .def("set_gradient_checkpointing", [](SequentialModel& self, py::handle segments) {
+        // True would mean one segment, which recomputes nothing: ask for the number instead.
+        if (PyBool_Check(segments.ptr())) {
+          throw py::type_error("set_gradient_checkpointing(segments): segments is a number of segments "
+                               "(2 or more; 0 turns checkpointing off), not a bool");
+        }
+        self.setGradientCheckpointing(segments.cast<int>());
+      }, py::arg("segments"), R"pbdoc(
+Gradient checkpointing, as torch.utils.checkpoint.checkpoint_sequential(functions, segments, input):
+with segments=k >= 2, a training forward splits the layers into k contiguous segments of near-equal
+size and keeps only each segment's input; backward recomputes each segment's forward from it (the last
+segment keeps its caches). Less activation memory for about one more forward; the gradients are
+bit-identical (Dropout redraws the same masks). 0 turns it off (the default); 1 is one segment, nothing
+recomputed. A LinearModule and the ReLUModule after it stay in one segment, so asking more segments
+than that forms one per pair or layer. eval() forwards are unaffected; not saved in model files.
+)pbdoc")
+      .def_property_readonly("gradient_checkpointing", &SequentialModel::gradientCheckpointing,
+                             "The segments set by set_gradient_checkpointing (0: off).")
       .def("summary", [](const SequentialModel& self, std::optional<int64_t> in) { return self.summary(in.value_or(-1)); },
            py::arg("in_features") = py::none())
       .def("save", &SequentialModel::save, py::arg("path"), py::call_guard<cyxwiz::bindings::BlockingCall>(),

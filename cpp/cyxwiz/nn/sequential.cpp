@@ -22,6 +22,7 @@ void SequentialModel::add(std::shared_ptr<Module> module) {
   if (features >= 0) module->outFeatures(features);
   module->setTraining(training_);
   module->to(device_);
+  segments_.clear();  // a new layer changes where segments end
   modules_.push_back(std::move(module));
 }
 
@@ -34,16 +35,22 @@ const std::shared_ptr<Module>& SequentialModel::at(size_t i) const {
 
 Tensor SequentialModel::forward(const Tensor& input) {
   CYX_CHECK(!modules_.empty(), "SequentialModel.forward: the model has no layers; add some with model.add(...)");
-  Tensor x = input.to(device_);
-  for (size_t i = 0; i < modules_.size(); ++i) {
-    // LinearModule then ReLUModule: one call (on a GPU, one cuBLASLt matmul with a ReLU epilogue).
-    // Not when the ReLU is the last layer: its output goes to the caller, who may write to it, and
-    // a module never keeps what the caller can change.
-    auto* linear = dynamic_cast<LinearModule*>(modules_[i].get());
-    auto* relu = linear && i + 2 < modules_.size() ? dynamic_cast<ReLUModule*>(modules_[i + 1].get()) : nullptr;
-    if (relu) {
+  segments_.clear();  // the last step's segment inputs go before this step's are made
+  if (training_ && checkpointSegments_ > 1) return forwardCheckpointed(input);
+  return runLayers(0, modules_.size(), input.to(device_));
+}
+
+bool SequentialModel::fusedAt(size_t i) const {
+  return i + 2 < modules_.size() && dynamic_cast<LinearModule*>(modules_[i].get()) &&
+         dynamic_cast<ReLUModule*>(modules_[i + 1].get());
+}
+
+Tensor SequentialModel::runLayers(size_t begin, size_t end, Tensor x) {
+  for (size_t i = begin; i < end; ++i) {
+    if (fusedAt(i)) {
+      auto* linear = static_cast<LinearModule*>(modules_[i].get());
       x = linear->forward(x, true);
-      relu->keepOutputAsInput(x);
+      static_cast<ReLUModule*>(modules_[i + 1].get())->keepOutputAsInput(x);
       ++i;
       continue;
     }
@@ -54,6 +61,7 @@ Tensor SequentialModel::forward(const Tensor& input) {
 
 Tensor SequentialModel::backward(const Tensor& gradOutput, bool needInputGrad) {
   CYX_CHECK(!modules_.empty(), "SequentialModel.backward: the model has no layers");
+  if (!segments_.empty()) return backwardCheckpointed(gradOutput, needInputGrad);
   Tensor g = gradOutput.to(device_);
   for (size_t i = modules_.size(); i-- > 0;) {
     // Every layer but the first must hand a gradient down; the first only when the caller wants it.
@@ -64,6 +72,7 @@ Tensor SequentialModel::backward(const Tensor& gradOutput, bool needInputGrad) {
 }
 
 void SequentialModel::releaseCaches() {
+  segments_.clear();
   for (const auto& m : modules_) m->releaseCache();
 }
 
@@ -77,6 +86,7 @@ void SequentialModel::to(const Device& device) {
   device::requireDevice(device, "SequentialModel.to");
   CYX_CHECK(!gradientGuard_, "SequentialModel.to(\"", device.str(), "\"): this model is wrapped in DistributedDataParallel, whose "
             "gradient buckets live on ", device_.str(), "; move the model before wrapping it");
+  segments_.clear();  // their inputs live on the device the model is leaving
   for (const auto& m : modules_) m->to(device);
   device_ = device;
 }

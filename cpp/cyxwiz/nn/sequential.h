@@ -3,7 +3,9 @@
 
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cyxwiz/nn/module.h"
@@ -22,7 +24,21 @@ class SequentialModel {
   // `needInputGrad` (else an undefined Tensor, and the first layer skips that GEMM).
   Tensor backward(const Tensor& gradOutput, bool needInputGrad = false);
   void zeroGrad();
-  void releaseCaches();  // every layer's Module::releaseCache
+  void releaseCaches();  // every layer's Module::releaseCache, and the checkpointed segments' inputs
+
+  // Gradient checkpointing, with the meaning torch.utils.checkpoint.checkpoint_sequential gives
+  // `segments`: k >= 2 splits the layers into k contiguous segments of near-equal size. A forward in
+  // training mode then keeps only each segment's input (and the random stream's state there) and
+  // drops the layers' caches of every segment but the last; backward re-runs each earlier segment's
+  // forward from its input just before that segment's backward. Activation memory falls to the
+  // segments' inputs plus one segment's caches, for one more forward of the earlier segments.
+  // The result is bit-identical to training without it (Dropout redraws the very masks, and the
+  // random stream ends where a plain step leaves it). 0 (the default) turns it off; 1 is one segment,
+  // kept whole: no recomputation, as torch's segments=1. A LinearModule and the ReLUModule after it run
+  // as one fused call and stay in one segment, so at most that many segments form; a larger k acts as
+  // that number. A runtime setting, like train()/eval(): not architecture, not saved in model files.
+  void setGradientCheckpointing(int segments);
+  int gradientCheckpointing() const { return checkpointSegments_; }
 
   // Moves every parameter to `device` (checked: a GPU build with a visible GPU). Inputs and gradients
   // handed to forward/backward are copied to this device at the edge.
@@ -58,7 +74,28 @@ class SequentialModel {
  private:
   void setTraining(bool training);
 
+  // A LinearModule at `i` runs fused with the ReLUModule after it (one call; one cuBLASLt matmul with
+  // a ReLU epilogue on a GPU). Not when the ReLU is the last layer: its output goes to the caller,
+  // who may write to it, and a module never keeps what the caller can change.
+  bool fusedAt(size_t i) const;
+  // Layers [begin, end) on x; a segment never ends between a fused pair.
+  Tensor runLayers(size_t begin, size_t end, Tensor x);
+
+  // Gradient checkpointing (gradient_checkpointing.cpp).
+  struct Segment {
+    size_t begin = 0, end = 0;  // layers [begin, end)
+    Tensor input;               // engine-owned: never the caller's array
+    std::mt19937_64 random;     // the global generator as this segment's forward found it
+    bool cached = false;        // its layers hold their caches (the last segment after forward)
+  };
+  std::vector<std::pair<size_t, size_t>> segmentBounds() const;
+  Tensor forwardCheckpointed(const Tensor& input);
+  Tensor backwardCheckpointed(const Tensor& gradOutput, bool needInputGrad);
+  void recompute(Segment& segment, const Tensor* nextInput);
+
   std::vector<std::shared_ptr<Module>> modules_;
+  int checkpointSegments_ = 0;
+  std::vector<Segment> segments_;  // of the last forward when it was checkpointed; empty otherwise
   bool training_ = true;
   Device device_;
   GradientGuard gradientGuard_;
