@@ -11,6 +11,7 @@ void init_tensor(py::module_& m);
 void init_nn(py::module_& m);
 void init_losses(py::module_& m);
 void init_optim(py::module_& m);
+void init_amp(py::module_& m);
 void init_info(py::module_& m);
 void init_distributed(py::module_& m);
 void init_cuda(py::module_& m);
@@ -43,6 +44,7 @@ PYBIND11_MODULE(_core, m) {
   init_nn(m);
   init_losses(m);
   init_optim(m);
+  init_amp(m);
   init_info(m);
   init_distributed(m);
   init_cuda(m);

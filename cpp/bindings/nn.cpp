@@ -63,6 +63,18 @@ void init_nn(py::module_& m) {
            (std::string("Gradients, in parameters() order.") + kViewsNote).c_str())
       .def("zero_grad", &Module::zeroGrad)
       .def("num_parameters", &Module::numParameters)
+      .def("_saved_tensors", [](const Module& self) {
+        py::list out;
+        for (const Tensor& t : self.savedTensors()) {
+          py::dict d;
+          d["dtype"] = cyxwiz::dtypeName(t.dtype());
+          d["shape"] = py::tuple(py::cast(t.shape()));
+          d["nbytes"] = t.nbytes();
+          d["data_ptr"] = reinterpret_cast<uintptr_t>(t.rawData());
+          out.append(d);
+        }
+        return out;
+      }, "What forward kept for backward: dtype, shape, nbytes, data_ptr of each (LinearModule, ReLUModule).")
       .def("train", [](Module& self) { self.setTraining(true); })
       .def("eval", [](Module& self) { self.setTraining(false); })
       .def_property_readonly("training", &Module::training)

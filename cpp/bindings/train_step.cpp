@@ -1,7 +1,10 @@
 // cx.distributed.TrainStep: conversions and GIL handling only; the logic lives in cyxwiz/ddp/train_step.*.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "cyxwiz/ddp/train_step.h"
 #include "gil.h"
@@ -23,13 +26,20 @@ cuda_graphs=True (GPU models): the first batch runs eagerly, the second is captu
 and every later batch of that size replays it as one launch. Ignored, with a notice, where the step
 cannot be captured (CPU model, CPU backend with several ranks, check_gradients).)doc")
       .def(py::init([](DistributedDataParallel& ddp, std::shared_ptr<nn::Loss> loss,
-                       std::shared_ptr<nn::Optimizer> optimizer, bool cudaGraphs) {
-             bindings::BlockingCall unlocked;
-             return bindings::WaitingHolder<TrainStep>(
-                 new TrainStep(ddp, std::move(loss), std::move(optimizer), cudaGraphs, "TrainStep"));
+                       std::shared_ptr<nn::Optimizer> optimizer, bool cudaGraphs,
+                       std::optional<std::string> mixedPrecision, std::shared_ptr<nn::GradScaler> scaler) {
+             const std::optional<DType> mixed = parseMixedPrecision(mixedPrecision.value_or(""));
+             if (mixed == DType::Float16 && !scaler) scaler = std::make_shared<nn::GradScaler>();
+             std::unique_ptr<TrainStep> step;
+             {
+               bindings::BlockingCall unlocked;
+               step.reset(new TrainStep(ddp, std::move(loss), std::move(optimizer), cudaGraphs && !mixed, "TrainStep"));
+               step->setMixedPrecision(mixed, mixed == DType::Float16 ? scaler : nullptr);
+             }
+             return bindings::WaitingHolder<TrainStep>(step.release());
            }),
            py::arg("ddp"), py::arg("loss_fn"), py::arg("optimizer"), py::arg("cuda_graphs") = false,
-           py::keep_alive<1, 2>())
+           py::arg("mixed_precision") = py::none(), py::arg("grad_scaler") = py::none(), py::keep_alive<1, 2>())
       .def("__call__", [](TrainStep& self, py::handle X, py::handle y) {
         Tensor x = bindings::floatTensor(X, "TrainStep X");
         Tensor t = bindings::lossTargetTensor(self.loss().takesClassIndices(), y, "TrainStep y");
@@ -48,5 +58,7 @@ cannot be captured (CPU model, CPU backend with several ranks, check_gradients).
       .def("reset", &TrainStep::reset, py::call_guard<bindings::BlockingCall>(),
            "Clear the running loss, accuracy and sample count.")
       .def_property_readonly("graphed", &TrainStep::graphed, "True when full batches replay a CUDA graph.")
-      .def_property_readonly("replays", &TrainStep::replays, "Steps replayed from the CUDA graph so far.");
+      .def_property_readonly("replays", &TrainStep::replays, "Steps replayed from the CUDA graph so far.")
+      .def_property_readonly("grad_scaler", &TrainStep::gradScaler,
+                             "The cx.GradScaler of mixed_precision='fp16' (None otherwise).");
 }

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/ddp/train_step.h"
 #include "cyxwiz/ddp/trainer.h"
 #include "gil.h"
 #include "numpy_convert.h"
@@ -54,6 +55,18 @@ void init_trainer(py::module_& d) {
                      "Replay each full batch's step as a CUDA graph on a GPU model (default False); ignored, with a "
                      "notice, where the step cannot be captured (CPU model, CPU backend with several ranks, "
                      "check_gradients).")
+      .def_property("mixed_precision",
+                    [](const TrainingConfig& c) -> py::object {
+                      if (c.mixedPrecision.empty()) return py::none();
+                      return py::str(c.mixedPrecision);
+                    },
+                    [](TrainingConfig& c, std::optional<std::string> v) {
+                      c.mixedPrecision = v.value_or("");
+                      parseMixedPrecision(c.mixedPrecision);  // refuses anything else at once
+                    },
+                    "None (default: float32), 'bf16' or 'fp16': forward passes under cx.autocast (16-bit linear "
+                    "operands, float32 accumulation, 16-bit activations kept); 'fp16' adds dynamic loss scaling "
+                    "(trainer.grad_scaler, kept in checkpoints). Every rank must use the same. CPU models only.")
       .def("__repr__", [](const TrainingConfig& c) {
         auto flag = [](bool b) { return b ? "True" : "False"; };
         return makeString("DistributedTrainingConfig(epochs=", c.epochs, ", batch_size=", c.batchSize, ", shuffle=",
@@ -155,5 +168,8 @@ every rank calls it, with the same arguments (each rank may hold the whole datas
       .def("get_rank", &DistributedTrainer::rank)
       .def("get_world_size", &DistributedTrainer::worldSize)
       .def("get_model", &DistributedTrainer::model)
-      .def("get_ddp", &DistributedTrainer::ddp, py::return_value_policy::reference_internal);
+      .def("get_ddp", &DistributedTrainer::ddp, py::return_value_policy::reference_internal)
+      .def_property("grad_scaler", &DistributedTrainer::gradScaler, &DistributedTrainer::setGradScaler,
+                    "The cx.GradScaler of mixed_precision='fp16' (None until the first such fit or a checkpoint "
+                    "that holds one); set it before fit for other settings than the defaults.");
 }

@@ -12,7 +12,8 @@
 
 namespace cyxwiz::ddp {
 
-const FileKind kCheckpointFileKind{"CYXCKPT1", "pycyxwiz checkpoint", 1};
+// Version 2 appends the mixed-precision section; version 1 files (without it) still load.
+const FileKind kCheckpointFileKind{"CYXCKPT1", "pycyxwiz checkpoint", 2};
 
 namespace {
 
@@ -58,7 +59,24 @@ Decoded decode(const std::vector<uint8_t>& payload, const std::string& what) {
   state.history.trainAccuracies = readDoubles(in);
   state.history.valLosses = readDoubles(in);
   state.history.valAccuracies = readDoubles(in);
-  if (!in.atEnd()) in.fail("unexpected bytes after the training history");
+  if (!in.atEnd()) {  // version 2: mixed precision
+    state.mixedPrecision = in.str();
+    if (in.u8() != 0) {
+      nn::GradScalerState s;
+      s.scale = in.f64();
+      s.growthFactor = in.f64();
+      s.backoffFactor = in.f64();
+      s.growthInterval = in.i64();
+      s.growthTracker = in.i64();
+      if (!(s.scale > 0) || !(s.growthFactor > 1) || !(s.backoffFactor > 0 && s.backoffFactor < 1) ||
+          s.growthInterval <= 0 || s.growthTracker < 0) {
+        in.fail(makeString("loss scaler state (scale ", s.scale, ", growth_interval ", s.growthInterval,
+                           ") is out of range"));
+      }
+      state.scaler = s;
+    }
+  }
+  if (!in.atEnd()) in.fail("unexpected bytes after the mixed-precision settings");
   return d;
 }
 
@@ -87,6 +105,15 @@ std::vector<uint8_t> encodeCheckpoint(const nn::SequentialModel& model, const Tr
   writeDoubles(out, h.trainAccuracies);
   writeDoubles(out, h.valLosses);
   writeDoubles(out, h.valAccuracies);
+  out.str(state.mixedPrecision);
+  out.u8(state.scaler ? 1 : 0);
+  if (state.scaler) {
+    out.f64(state.scaler->scale);
+    out.f64(state.scaler->growthFactor);
+    out.f64(state.scaler->backoffFactor);
+    out.i64(state.scaler->growthInterval);
+    out.i64(state.scaler->growthTracker);
+  }
   return out.bytes();
 }
 

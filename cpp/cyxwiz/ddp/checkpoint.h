@@ -1,15 +1,17 @@
 // Training checkpoints: the container of common/binary_io.h (magic, version, size, crc32) around
 //   model (as in .cyxmodel) | optimizer type, scalars, buffers | epochs done | world size |
-//   each rank's RNG state | history so far
+//   each rank's RNG state | history so far | mixed precision (version 2: the setting, the loss scaler)
 // Everything a resumed run needs to continue bit-identically on the same world size; nothing is
 // unpickled or executed on load.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cyxwiz/common/binary_io.h"
 #include "cyxwiz/ddp/history.h"
+#include "cyxwiz/nn/grad_scaler.h"
 #include "cyxwiz/nn/optimizer.h"
 #include "cyxwiz/nn/sequential.h"
 
@@ -24,6 +26,8 @@ struct TrainingState {
   nn::OptimizerState optimizer;
   std::vector<std::string> rngStates;  // by rank
   TrainingHistory history;
+  std::string mixedPrecision;                   // DistributedTrainingConfig.mixed_precision ("" for None)
+  std::optional<nn::GradScalerState> scaler;    // fp16's loss scaler, when one was in use
 };
 
 std::vector<uint8_t> encodeCheckpoint(const nn::SequentialModel& model, const TrainingState& state);

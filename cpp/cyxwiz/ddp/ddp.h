@@ -69,6 +69,10 @@ class DistributedDataParallel {
   void syncGradients();
   void updateParameters(nn::Optimizer& optimizer);
   void zeroGrad();
+  // For GradScaler (ddp/scaled_gradients.h): waits for the reductions, multiplies this rank's averaged
+  // gradients by `factor` and returns whether they are all finite, the same answer on every rank (a
+  // collective). CPU models only.
+  bool unscaleGradients(float factor);
   // The optimizer's whole state; with a sharded step its shards are put together (a collective:
   // every rank calls it). What checkpoints store.
   nn::OptimizerState optimizerState(const nn::Optimizer& optimizer);

@@ -5,12 +5,22 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
 #include "cyxwiz/ddp/graphed_step.h"
+#include "cyxwiz/ddp/scaled_gradients.h"
+#include "cyxwiz/nn/autocast.h"
 
 namespace cyxwiz::ddp {
 
 void addBatchSums(const nn::Loss& loss, const Tensor& output, const Tensor& target, Tensor& sums) {
   loss.addLossSum(output, target, sums, 0);
   if (loss.takesClassIndices()) nn::addCorrectCount(output, target, sums, 1);
+}
+
+std::optional<DType> parseMixedPrecision(const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  if (name == "bf16") return DType::BFloat16;
+  if (name == "fp16") return DType::Float16;
+  throw InvalidArgument(makeString("mixed_precision='", name, "': use None (float32, the default), 'bf16' or 'fp16' "
+                                   "(float16 with dynamic loss scaling)"));
 }
 
 TrainStep::TrainStep(DistributedDataParallel& ddp, std::shared_ptr<nn::Loss> loss,
@@ -49,11 +59,31 @@ void TrainStep::run(const Tensor& x, const Tensor& y) {
   rows_ += static_cast<double>(x.size(0));
 }
 
+void TrainStep::setMixedPrecision(std::optional<DType> dtype, std::shared_ptr<nn::GradScaler> scaler) {
+  CYX_CHECK(!(dtype || scaler) || ddp_.model()->device().type == DeviceType::CPU, who_, ": mixed precision runs on the "
+            "CPU only in this version and the model is on ", ddp_.model()->device().str(), "; train it in float32 "
+            "(mixed_precision=None); the GPU path (cuBLASLt with 16-bit inputs) comes later");
+  autocast_ = dtype;
+  scaler_ = std::move(scaler);
+}
+
 void TrainStep::eager(const Tensor& x, const Tensor& y) {
-  Tensor out = ddp_.forward(x);
-  addBatchSums(*loss_, out, y, sums_);
-  ddp_.backward(loss_->gradient(out, y));
-  ddp_.updateParameters(*optimizer_);
+  Tensor out;
+  {
+    std::optional<nn::AutocastGuard> guard;  // none: whatever the caller's thread has (float32 by default)
+    if (autocast_) guard.emplace(*autocast_);
+    out = ddp_.forward(x);
+  }
+  addBatchSums(*loss_, out, y, sums_);  // losses in float32, outside autocast
+  if (!scaler_) {
+    ddp_.backward(loss_->gradient(out, y));
+    ddp_.updateParameters(*optimizer_);
+    return;
+  }
+  ddp_.backward(scaler_->scale(loss_->gradient(out, y)));
+  DDPGradients gradients(ddp_);
+  scaler_->step(*optimizer_, gradients);  // update_parameters, or zeroes the gradients of a skipped step
+  scaler_->update();
 }
 
 std::vector<double> TrainStep::totals() {

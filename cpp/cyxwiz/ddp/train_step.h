@@ -7,15 +7,21 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cyxwiz/ddp/ddp.h"
+#include "cyxwiz/nn/grad_scaler.h"
 #include "cyxwiz/nn/loss.h"
 
 namespace cyxwiz::ddp {
 
 class GraphedStep;
+
+// DistributedTrainingConfig.mixed_precision: "" (None: float32), "bf16" or "fp16"; the autocast type
+// (nn/autocast.h), or nullopt for float32. Anything else is refused with the choices.
+std::optional<DType> parseMixedPrecision(const std::string& name);
 
 // sums[0] += the batch's loss summed over its rows, sums[1] += its correct rows (class targets
 // only); `target` checked and on the output's device.
@@ -31,6 +37,11 @@ class TrainStep {
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
 
+  // Mixed precision from the next step on: forward under autocast(*dtype) (nullopt: float32), and,
+  // with a scaler, the loss gradient scaled and the optimizer step taken through it (skipped, with
+  // the gradients zeroed, where they hold Inf/NaN; the same on every rank) then scaler->update().
+  // CPU models only, as autocast.
+  void setMixedPrecision(std::optional<DType> dtype, std::shared_ptr<nn::GradScaler> scaler);
   // One step on x (rows, features) float32 and its targets, on the host or the model's device. The
   // targets are checked on the host first (labels in range), so the step itself never reads back.
   void run(const Tensor& x, const Tensor& y);
@@ -43,6 +54,7 @@ class TrainStep {
   double accuracy();
   void reset();
   const nn::Loss& loss() const { return *loss_; }
+  const std::shared_ptr<nn::GradScaler>& gradScaler() const { return scaler_; }
   bool graphed() const;  // a graph is (or is about to be) replayed
   int64_t replays() const;
 
@@ -53,6 +65,8 @@ class TrainStep {
   std::shared_ptr<nn::Loss> loss_;
   std::shared_ptr<nn::Optimizer> optimizer_;
   std::string who_;
+  std::optional<DType> autocast_;
+  std::shared_ptr<nn::GradScaler> scaler_;
   Tensor sums_;  // float64 {loss, correct} on the model's device; a captured step writes here on every replay
   double rows_ = 0;
   std::unique_ptr<GraphedStep> graph_;

@@ -122,6 +122,8 @@ TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
                                         std::optional<std::pair<Tensor, Tensor>> validation,
                                         const TrainingConfig& config) {
   checkSameData("fit", X, &y, validation ? &validation->first : nullptr);
+  const std::optional<DType> mixed = parseMixedPrecision(config.mixedPrecision);
+  checkSameMixedPrecision(config.mixedPrecision);
   // A fit starts at epoch 1 unless a checkpoint was loaded for it (load_checkpoint or resume).
   if (!config.resumeFromCheckpoint.empty()) resume(config);
   if (!loaded_) {
@@ -144,7 +146,10 @@ TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
   double samples = 0.0, trainSeconds = 0.0;
   model_->train();
   // One step for the whole fit: with cuda_graphs its graph is captured once and replayed every epoch.
-  TrainStep step(*ddp_, loss_, optimizer_, config.cudaGraphs, "DistributedTrainer.fit");
+  TrainStep step(*ddp_, loss_, optimizer_, config.cudaGraphs && !mixed, "DistributedTrainer.fit");
+  mixedPrecision_ = config.mixedPrecision;
+  if (mixed == DType::Float16 && !scaler_) scaler_ = std::make_shared<nn::GradScaler>();
+  step.setMixedPrecision(mixed, mixed == DType::Float16 ? scaler_ : nullptr);
   for (int64_t epoch = epochsDone_; epoch < config.epochs; ++epoch) {
     const auto epochStart = Clock::now();
     report({ProgressEvent::Kind::EpochBegin, epoch + 1, config.epochs, 0, batches.numBatches()}, config.verbose);
@@ -257,6 +262,18 @@ Tensor DistributedTrainer::predict(const Tensor& X, int64_t batchSize) {
   return gatherRows(gathered, order);
 }
 
+void DistributedTrainer::checkSameMixedPrecision(const std::string& name) {
+  const std::string mine = name.empty() ? "None" : "'" + name + "'";
+  const std::vector<std::string> all = comm::allGatherStrings(*ddp_->backend(), mine);
+  if (std::all_of(all.begin(), all.end(), [&](const std::string& s) { return s == all[0]; })) return;
+  std::string message = makeString(rankPrefix(), "DistributedTrainer.fit: the ranks train with different "
+                                   "mixed_precision settings; every rank must use the same:");
+  for (size_t r = 0; r < all.size(); ++r) {
+    message += makeString("\n  rank ", r, all[r] != all[0] ? " (differs from rank 0)" : "", ": mixed_precision=", all[r]);
+  }
+  throw InvalidArgument(message);
+}
+
 void DistributedTrainer::saveCheckpoint(const std::string& path) { writeCheckpoint(path, false); }
 
 void DistributedTrainer::writeCheckpoint(const std::string& path, bool everyRankWrites) {
@@ -268,6 +285,8 @@ void DistributedTrainer::writeCheckpoint(const std::string& path, bool everyRank
   state.optimizer = ddp_->optimizerState(*optimizer_);  // collective when the step is sharded
   state.rngStates = comm::allGatherStrings(backend, generatorState());
   state.history = done_;
+  state.mixedPrecision = mixedPrecision_;
+  if (scaler_ && scaler_->enabled()) state.scaler = scaler_->state();
   // "<errno> <message>" when this rank's write failed, "" when it worked or was not this rank's to do.
   std::string error;
   if (everyRankWrites || isMaster()) {
@@ -323,6 +342,10 @@ void DistributedTrainer::loadCheckpoint(const std::string& path) {
   CYX_CHECK(state.optimizerType == optimizer_->typeName(), rankPrefix(), "load_checkpoint: '", path, "' holds optimizer state of type ",
             state.optimizerType, " but this trainer's optimizer is ", optimizer_->typeName(), "; use the same optimizer type");
   optimizer_->loadState(state.optimizer);
+  if (state.scaler) {  // the loss scale of an fp16 run goes on where it was
+    if (!scaler_) scaler_ = std::make_shared<nn::GradScaler>();
+    scaler_->loadState(*state.scaler);
+  }
   epochsDone_ = state.epoch;
   done_ = state.history;
   loaded_ = true;

@@ -17,6 +17,7 @@
 
 #include "cyxwiz/ddp/ddp.h"
 #include "cyxwiz/ddp/history.h"
+#include "cyxwiz/nn/grad_scaler.h"
 #include "cyxwiz/nn/loss.h"
 
 namespace cyxwiz::ddp {
@@ -35,6 +36,9 @@ struct TrainingConfig {
   double validationSplit = 0.0;        // the last fraction of the rows, held out before sharding
   std::string resumeFromCheckpoint;    // "", "latest" (newest in checkpointDir, if any) or a path
   bool cudaGraphs = false;             // replay each full batch's step as a CUDA graph (GPU models)
+  // "" (float32), "bf16" or "fp16": forward under autocast (nn/autocast.h); fp16 with the trainer's
+  // GradScaler, whose scale checkpoints keep. Every rank must use the same. CPU models only.
+  std::string mixedPrecision;
 };
 
 // What rank 0 reports while training; pycyxwiz renders it (progress bar or log lines).
@@ -77,6 +81,10 @@ class DistributedTrainer {
   const std::shared_ptr<nn::SequentialModel>& model() const { return model_; }
   const nn::Loss& lossFunction() const { return *loss_; }
   DistributedDataParallel& ddp() { return *ddp_; }
+  // The loss scaler of mixed_precision="fp16": made by the first such fit (defaults) unless set
+  // before; kept across fits and in checkpoints. Null until then.
+  const std::shared_ptr<nn::GradScaler>& gradScaler() const { return scaler_; }
+  void setGradScaler(std::shared_ptr<nn::GradScaler> scaler) { scaler_ = std::move(scaler); }
 
  private:
 
@@ -90,11 +98,15 @@ class DistributedTrainer {
   void writeCheckpoint(const std::string& path, bool everyRankWrites);
   void resume(const TrainingConfig& config);
   void report(const ProgressEvent& event, bool verbose) const;
+  // Every rank must train with the same mixed_precision; InvalidArgument naming the ranks otherwise.
+  void checkSameMixedPrecision(const std::string& name);
 
   std::shared_ptr<nn::SequentialModel> model_;
   std::shared_ptr<nn::Loss> loss_;
   std::shared_ptr<nn::Optimizer> optimizer_;
   std::unique_ptr<DistributedDataParallel> ddp_;
+  std::shared_ptr<nn::GradScaler> scaler_;
+  std::string mixedPrecision_;  // of the current (or last) fit, for checkpoints
   ProgressCallback progress_;
   int64_t epochsDone_ = 0;   // of the current (or last) training run
   TrainingHistory done_;     // its history so far

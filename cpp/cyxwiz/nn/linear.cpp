@@ -4,6 +4,8 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/ops.h"
+#include "cyxwiz/nn/autocast.h"
+#include "cyxwiz/nn/linear16.h"
 #include "cyxwiz/tensor/random.h"
 
 namespace cyxwiz::nn {
@@ -34,6 +36,7 @@ Tensor LinearModule::forward(const Tensor& input) { return forward(input, false)
 Tensor LinearModule::forward(const Tensor& input, bool relu) {
   requireMatrix(input, repr() + ".forward", in_);
   const Device device = weight_.value.device();
+  if (const std::optional<DType> dtype = autocastDtype()) return forward16(input, relu, *dtype);
   const Tensor x = input.to(device);  // numpy input of a GPU layer: copied once, here at the edge
   const int64_t batch = x.size(0);
   Tensor output = Tensor::empty({batch, out_}, DType::Float32, device);
@@ -47,6 +50,7 @@ Tensor LinearModule::forward(const Tensor& input, bool relu) {
 Tensor LinearModule::backward(const Tensor& gradOutput) {
   requireForward(input_);
   checkBackward(input_, gradOutput, {input_.size(0), out_});
+  if (input_.dtype() != DType::Float32) return backward16(gradOutput);
   const Device device = weight_.value.device();
   const Tensor gt = gradOutput.to(device);
   const int64_t batch = input_.size(0);
@@ -62,6 +66,32 @@ Tensor LinearModule::backward(const Tensor& gradOutput) {
   ops::gemm(device, false, false, batch, in_, out_, 1.0f, g, out_, weight_.value.deviceData<float>(), in_, 0.0f,
             gradInput.deviceData<float>(), in_);
   return gradInput;
+}
+
+// Under autocast (nn/autocast.h): 16-bit input and weight, float32 accumulation; the 16-bit input is kept.
+Tensor LinearModule::forward16(const Tensor& input, bool relu, DType dtype) {
+  if (weight_.value.isCuda()) {
+    throw InvalidArgument(makeString(repr(), " on ", weight_.value.device().str(), ": autocast (mixed precision) runs "
+                                     "on the CPU only in this version; train this GPU model in float32 (leave "
+                                     "cx.autocast / mixed_precision off) or move the model to the CPU"));
+  }
+  const Tensor x16 = narrowActivation(input, dtype);  // the copy a fused ReLU before us made, if any
+  Tensor output = Tensor::empty({x16.size(0), out_});
+  linearForward16(x16, weight_.value.data<float>(), hasBias_ ? bias_.value.data<float>() : nullptr,
+                  output.data<float>(), out_, relu);
+  input_ = x16;
+  return output;
+}
+
+Tensor LinearModule::backward16(const Tensor& gradOutput) {
+  CYX_CHECK(!weight_.value.isCuda() && !gradOutput.isCuda(), repr(), ".backward: a 16-bit (autocast) forward's "
+            "backward runs on the CPU only");
+  const DType dtype = input_.dtype();
+  const Tensor gr = roundGradient16(gradOutput, dtype);
+  linearParamGrads16(input_, gr, weight_.grad.data<float>(), hasBias_ ? bias_.grad.data<float>() : nullptr);
+  gradsReady();
+  if (!needInputGrad_) return Tensor();
+  return linearInputGrad16(gr, weight_.value.data<float>(), in_, dtype);
 }
 
 std::vector<Parameter*> LinearModule::parameters() {

@@ -26,14 +26,23 @@ class LinearModule : public Module {
   // Kaiming-uniform weights and uniform bias in +-1/sqrt(in_features), as torch.nn.Linear.
   void resetParameters();
 
+  std::vector<Tensor> savedTensors() const override {
+    if (!input_.defined()) return {};
+    return {input_};
+  }
+
  protected:
   void clearCache() override { input_ = Tensor(); }
 
  private:
+  // Under autocast (nn/autocast.h): 16-bit operands, float32 accumulation, the 16-bit input kept.
+  Tensor forward16(const Tensor& input, bool relu, DType dtype);
+  Tensor backward16(const Tensor& gradOutput);
+
   int64_t in_, out_;
   bool hasBias_;
   Parameter weight_, bias_;
-  Tensor input_;  // cached by forward
+  Tensor input_;  // cached by forward: float32, or its 16-bit copy under autocast
 };
 
 }  // namespace cyxwiz::nn

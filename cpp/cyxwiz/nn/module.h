@@ -51,6 +51,9 @@ class Module {
   // Drops what forward kept for backward (a captured graph step frees its temporaries inside the
   // capture); backward then needs a new forward.
   void releaseCache() { clearCache(); }
+  // What forward kept for backward, for inspection (dtype and bytes: autocast keeps 16-bit copies).
+  // LinearModule and ReLUModule report theirs; other layers report nothing.
+  virtual std::vector<Tensor> savedTensors() const { return {}; }
   void setTraining(bool training) { training_ = training; }
   bool training() const { return training_; }
   void setNeedInputGrad(bool need) { needInputGrad_ = need; }

@@ -1,18 +1,45 @@
 #include "cyxwiz/nn/relu.h"
 
+#include "cyxwiz/nn/autocast.h"
 #include "cyxwiz/nn/elementwise.h"
+#include "cyxwiz/tensor/half.h"
 
 namespace cyxwiz::nn {
 
+namespace {
+
+template <float (*Widen)(uint16_t)>
+Tensor maskFrom16(const Tensor& x16, const Tensor& g) {
+  Tensor dx = Tensor::empty(g.shape());
+  const auto* x = static_cast<const uint16_t*>(x16.rawData());
+  const float* gi = g.data<float>();
+  float* out = dx.data<float>();
+  for (int64_t i = 0; i < g.numel(); ++i) out[i] = Widen(x[i]) > 0.0f ? gi[i] : 0.0f;
+  return dx;
+}
+
+}  // namespace
+
+// Under autocast on the CPU the saved input is a 16-bit copy (nn/autocast.h); else what forward saw.
+Tensor ReLUModule::keep(const Tensor& x, bool offer) {
+  const std::optional<DType> dtype = autocastDtype();
+  if (dtype && !x.isCuda()) return narrowActivation(x, *dtype, offer);
+  return offer ? x : keepForBackward(x);
+}
+
 Tensor ReLUModule::forward(const Tensor& input) {
   requireFloatTensor(input, "ReLUModule.forward");
-  input_ = keepForBackward(input);
+  input_ = keep(input, false);
   return activation(input, cuda::Activation::ReLU, [](float x) { return x > 0.0f ? x : 0.0f; });
 }
+
+void ReLUModule::keepOutputAsInput(const Tensor& output) { input_ = keep(output, true); }
 
 Tensor ReLUModule::backward(const Tensor& gradOutput) {
   checkBackward(input_, gradOutput, input_.shape());
   if (!needInputGrad_) return Tensor();
+  if (input_.dtype() == DType::BFloat16) return maskFrom16<bfloat16ToFloat>(input_, gradOutput);
+  if (input_.dtype() == DType::Float16) return maskFrom16<halfToFloat>(input_, gradOutput);
   return activationGrad(input_, gradOutput, cuda::Activation::ReLU, [](float x, float g) { return x > 0.0f ? g : 0.0f; });
 }
 

@@ -77,7 +77,7 @@ def recv(array: _Array, src: Optional[int] = None, tag: int = 0, async_op: bool 
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Sequence, overload
 
-from .._core import Loss, Optimizer, SequentialModel
+from .._core import GradScaler, Loss, Optimizer, SequentialModel
 
 class DDPConfig:
     broadcast_parameters: bool      # default True: rank 0's parameters are copied to every rank on construction
@@ -160,6 +160,7 @@ class DistributedTrainingConfig:
     validation_split: float            # 0.0; the last fraction of X is held out before sharding
     resume_from_checkpoint: str        # "" | "latest" (newest in checkpoint_dir, if any) | a path
     cuda_graphs: bool                  # replay full batches as a CUDA graph (GPU models; default False)
+    mixed_precision: Optional[str]     # None (float32) | "bf16" | "fp16" (with trainer.grad_scaler); CPU models
     def __init__(self) -> None: ...
 
 class DistributedTrainingHistory:
@@ -176,7 +177,8 @@ class DistributedTrainingHistory:
 class TrainStep:
     """One DDP training step per call; running loss/accuracy kept on the model's device."""
     def __init__(self, ddp: DistributedDataParallel, loss_fn: Loss, optimizer: Optimizer,
-                 cuda_graphs: bool = False) -> None: ...
+                 cuda_graphs: bool = False, mixed_precision: Optional[str] = None,
+                 grad_scaler: Optional[GradScaler] = None) -> None: ...
     def __call__(self, X: _Array, y: _Array) -> None: ...
     def loss(self) -> float: ...       # mean since reset(); NaN before the first batch
     def accuracy(self) -> float: ...   # NaN for MSELoss
@@ -187,6 +189,8 @@ class TrainStep:
     def graphed(self) -> bool: ...
     @property
     def replays(self) -> int: ...
+    @property
+    def grad_scaler(self) -> Optional[GradScaler]: ...   # mixed_precision="fp16" only
 
 class DistributedTrainer:
     def __init__(self, model: SequentialModel, loss_fn: Loss, optimizer: Optimizer,
@@ -205,6 +209,7 @@ class DistributedTrainer:
     def get_world_size(self) -> int: ...
     def get_model(self) -> SequentialModel: ...
     def get_ddp(self) -> DistributedDataParallel: ...
+    grad_scaler: Optional[GradScaler]  # mixed_precision="fp16"'s loss scaler; set before fit for other settings
 
 def scale_learning_rate(base_lr: float, base_batch_size: int, rule: str = "linear",
                         batch_size: Optional[int] = None, world_size: Optional[int] = None) -> float: ...

@@ -1,0 +1,92 @@
+#include "cyxwiz/nn/linear16.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "cyxwiz/tensor/blas.h"
+#include "cyxwiz/tensor/convert16.h"
+
+namespace cyxwiz::nn {
+
+namespace {
+
+constexpr int64_t kBlockFloats = int64_t{1} << 20;  // 4 MiB of float32 per rounded block
+
+// Rows of a (rows, cols) matrix per block.
+int64_t blockRows(int64_t cols) { return std::max<int64_t>(1, kBlockFloats / std::max<int64_t>(cols, 1)); }
+
+// This thread's scratch for rounded blocks: grows to one block and stays (reused every call).
+float* scratch(int64_t floats) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(static_cast<size_t>(floats));
+  return buffer.data();
+}
+
+const uint16_t* bits(const Tensor& t) { return static_cast<const uint16_t*>(t.rawData()); }
+
+}  // namespace
+
+void linearForward16(const Tensor& x16, const float* w, const float* bias, float* y, int64_t out, bool relu) {
+  const int64_t rows = x16.size(0), in = x16.size(1);
+  const DType dtype = x16.dtype();
+  // The 16-bit input as float32 GEMM operands (uninitialised: every element is written).
+  std::unique_ptr<float[]> x(new float[static_cast<size_t>(std::max<int64_t>(rows * in, 1))]);
+  widenFloats(bits(x16), x.get(), rows * in, dtype);
+  // Seed each row with the bias; each block's GEMM accumulates onto it (beta = 1).
+  if (bias) {
+    for (int64_t r = 0; r < rows; ++r) std::copy(bias, bias + out, y + r * out);
+  }
+  const int64_t step = blockRows(in);
+  float* wr = scratch(std::min(step, out) * in);
+  for (int64_t o = 0; o < out; o += step) {
+    const int64_t n = std::min(step, out - o);
+    roundFloats(w + o * in, wr, n * in, dtype);  // weight rows [o, o + n), rounded
+    // y[:, o:o+n] (+)= x wr^T
+    blas::sgemm(false, true, rows, n, in, 1.0f, x.get(), in, wr, in, bias ? 1.0f : 0.0f, y + o, out);
+  }
+  if (relu) std::transform(y, y + rows * out, y, [](float v) { return v > 0.0f ? v : 0.0f; });
+}
+
+Tensor roundGradient16(const Tensor& g, DType dtype) {
+  Tensor gr = Tensor::empty(g.shape());
+  roundFloats(g.data<float>(), gr.data<float>(), g.numel(), dtype);
+  return gr;
+}
+
+void linearParamGrads16(const Tensor& x16, const Tensor& gr, float* dw, float* db) {
+  const int64_t rows = x16.size(0), in = x16.size(1), out = gr.size(1);
+  const float* g = gr.data<float>();
+  // dW += sum over row blocks of gr[rows]^T x[rows]: the input is widened a block of rows at a time.
+  const int64_t step = blockRows(in);
+  float* xr = scratch(std::min(step, rows) * in);
+  for (int64_t r = 0; r < rows; r += step) {
+    const int64_t n = std::min(step, rows - r);
+    widenFloats(bits(x16) + r * in, xr, n * in, x16.dtype());
+    blas::sgemm(true, false, out, in, n, 1.0f, g + r * out, out, xr, in, 1.0f, dw, in);
+  }
+  if (db) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = g + r * out;
+      for (int64_t j = 0; j < out; ++j) db[j] += row[j];
+    }
+  }
+}
+
+Tensor linearInputGrad16(const Tensor& gr, const float* w, int64_t in, DType dtype) {
+  const int64_t rows = gr.size(0), out = gr.size(1);
+  Tensor dx = Tensor::empty({rows, in});
+  // dx = sum over blocks of weight rows [o, o + n): gr[:, o:o+n] wr[o:o+n, :]
+  const int64_t step = blockRows(in);
+  float* wr = scratch(std::min(step, out) * in);
+  for (int64_t o = 0; o < out; o += step) {
+    const int64_t n = std::min(step, out - o);
+    roundFloats(w + o * in, wr, n * in, dtype);
+    blas::sgemm(false, false, rows, in, n, 1.0f, gr.data<float>() + o, out, wr, in, o == 0 ? 0.0f : 1.0f,
+                dx.data<float>(), in);
+  }
+  if (out == 0) dx.fill(0.0);
+  return dx;
+}
+
+}  // namespace cyxwiz::nn
