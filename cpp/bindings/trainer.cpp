@@ -75,7 +75,7 @@ void init_trainer(py::module_& d) {
                           c.checkpointEveryNEpochs, ", checkpoint_dir='", c.checkpointDir, "', save_on_master_only=",
                           flag(c.saveOnMasterOnly), ", validation_split=", c.validationSplit,
                           ", resume_from_checkpoint='", c.resumeFromCheckpoint, "', cuda_graphs=", flag(c.cudaGraphs),
-                          ")");
+                          ", mixed_precision=", c.mixedPrecision.empty() ? "None" : "'" + c.mixedPrecision + "'", ")");
       });
 
   py::class_<TrainingHistory>(d, "DistributedTrainingHistory", "What fit() reports; identical on every rank.")

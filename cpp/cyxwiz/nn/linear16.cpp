@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <memory>
-#include <vector>
 
 #include "cyxwiz/tensor/blas.h"
 #include "cyxwiz/tensor/convert16.h"
@@ -16,11 +15,10 @@ constexpr int64_t kBlockFloats = int64_t{1} << 20;  // 4 MiB of float32 per roun
 // Rows of a (rows, cols) matrix per block.
 int64_t blockRows(int64_t cols) { return std::max<int64_t>(1, kBlockFloats / std::max<int64_t>(cols, 1)); }
 
-// This thread's scratch for rounded blocks: grows to one block and stays (reused every call).
-float* scratch(int64_t floats) {
-  thread_local std::vector<float> buffer;
-  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(static_cast<size_t>(floats));
-  return buffer.data();
+// A buffer of `floats` uninitialised floats (every element is written before it is read): one per
+// call, reused by all of its blocks and freed after it, so nothing stays allocated between steps.
+std::unique_ptr<float[]> buffer(int64_t floats) {
+  return std::unique_ptr<float[]>(new float[static_cast<size_t>(std::max<int64_t>(floats, 1))]);
 }
 
 const uint16_t* bits(const Tensor& t) { return static_cast<const uint16_t*>(t.rawData()); }
@@ -31,19 +29,19 @@ void linearForward16(const Tensor& x16, const float* w, const float* bias, float
   const int64_t rows = x16.size(0), in = x16.size(1);
   const DType dtype = x16.dtype();
   // The 16-bit input as float32 GEMM operands (uninitialised: every element is written).
-  std::unique_ptr<float[]> x(new float[static_cast<size_t>(std::max<int64_t>(rows * in, 1))]);
+  std::unique_ptr<float[]> x = buffer(rows * in);
   widenFloats(bits(x16), x.get(), rows * in, dtype);
   // Seed each row with the bias; each block's GEMM accumulates onto it (beta = 1).
   if (bias) {
     for (int64_t r = 0; r < rows; ++r) std::copy(bias, bias + out, y + r * out);
   }
   const int64_t step = blockRows(in);
-  float* wr = scratch(std::min(step, out) * in);
+  std::unique_ptr<float[]> wr = buffer(std::min(step, out) * in);
   for (int64_t o = 0; o < out; o += step) {
     const int64_t n = std::min(step, out - o);
-    roundFloats(w + o * in, wr, n * in, dtype);  // weight rows [o, o + n), rounded
+    roundFloats(w + o * in, wr.get(), n * in, dtype);  // weight rows [o, o + n), rounded
     // y[:, o:o+n] (+)= x wr^T
-    blas::sgemm(false, true, rows, n, in, 1.0f, x.get(), in, wr, in, bias ? 1.0f : 0.0f, y + o, out);
+    blas::sgemm(false, true, rows, n, in, 1.0f, x.get(), in, wr.get(), in, bias ? 1.0f : 0.0f, y + o, out);
   }
   if (relu) std::transform(y, y + rows * out, y, [](float v) { return v > 0.0f ? v : 0.0f; });
 }
@@ -59,11 +57,11 @@ void linearParamGrads16(const Tensor& x16, const Tensor& gr, float* dw, float* d
   const float* g = gr.data<float>();
   // dW += sum over row blocks of gr[rows]^T x[rows]: the input is widened a block of rows at a time.
   const int64_t step = blockRows(in);
-  float* xr = scratch(std::min(step, rows) * in);
+  std::unique_ptr<float[]> xr = buffer(std::min(step, rows) * in);
   for (int64_t r = 0; r < rows; r += step) {
     const int64_t n = std::min(step, rows - r);
-    widenFloats(bits(x16) + r * in, xr, n * in, x16.dtype());
-    blas::sgemm(true, false, out, in, n, 1.0f, g + r * out, out, xr, in, 1.0f, dw, in);
+    widenFloats(bits(x16) + r * in, xr.get(), n * in, x16.dtype());
+    blas::sgemm(true, false, out, in, n, 1.0f, g + r * out, out, xr.get(), in, 1.0f, dw, in);
   }
   if (db) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -78,11 +76,11 @@ Tensor linearInputGrad16(const Tensor& gr, const float* w, int64_t in, DType dty
   Tensor dx = Tensor::empty({rows, in});
   // dx = sum over blocks of weight rows [o, o + n): gr[:, o:o+n] wr[o:o+n, :]
   const int64_t step = blockRows(in);
-  float* wr = scratch(std::min(step, out) * in);
+  std::unique_ptr<float[]> wr = buffer(std::min(step, out) * in);
   for (int64_t o = 0; o < out; o += step) {
     const int64_t n = std::min(step, out - o);
-    roundFloats(w + o * in, wr, n * in, dtype);
-    blas::sgemm(false, false, rows, in, n, 1.0f, gr.data<float>() + o, out, wr, in, o == 0 ? 0.0f : 1.0f,
+    roundFloats(w + o * in, wr.get(), n * in, dtype);
+    blas::sgemm(false, false, rows, in, n, 1.0f, gr.data<float>() + o, out, wr.get(), in, o == 0 ? 0.0f : 1.0f,
                 dx.data<float>(), in);
   }
   if (out == 0) dx.fill(0.0);
