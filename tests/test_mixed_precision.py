@@ -79,9 +79,10 @@ def test_autocast_is_per_thread():
 # --- LinearModule against numpy on the rounded operands -------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(7, 37, 23, True), (5, 1024, 1500, False)], ids=["small", "blocked"])
+@pytest.mark.parametrize("shape", [(7, 37, 23, True), (5, 1024, 1500, False), (1100, 1024, 40, True)],
+                         ids=["small", "weight-blocks", "input-blocks"])
 def test_linear_forward_backward_match_numpy_on_rounded_operands(dtype, shape):
-    rows, n_in, n_out, bias = shape  # "blocked": the weight is rounded in two blocks of rows
+    rows, n_in, n_out, bias = shape  # blocks of about 4 MiB: 1024 rows of 1024 floats
     cx.manual_seed(1)
     lin = cx.LinearModule(n_in, n_out, bias=bias)
     rng = np.random.default_rng(0)

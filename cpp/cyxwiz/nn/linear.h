@@ -14,6 +14,8 @@ class LinearModule : public Module {
   // forward, then ReLU, in one call (a cuBLASLt epilogue on a GPU); SequentialModel uses it for a
   // LinearModule followed by a ReLUModule.
   Tensor forward(const Tensor& input, bool relu);
+  // After an autocast forward, an engine-owned gradOutput that only the caller holds (what the next
+  // layer's backward returned) is rounded to 16 bits in place: the caller must not read it after.
   Tensor backward(const Tensor& gradOutput) override;
   std::vector<Parameter*> parameters() override;
   ModuleSpec spec() const override;

@@ -28,26 +28,36 @@ const uint16_t* bits(const Tensor& t) { return static_cast<const uint16_t*>(t.ra
 void linearForward16(const Tensor& x16, const float* w, const float* bias, float* y, int64_t out, bool relu) {
   const int64_t rows = x16.size(0), in = x16.size(1);
   const DType dtype = x16.dtype();
-  // The 16-bit input as float32 GEMM operands (uninitialised: every element is written).
-  std::unique_ptr<float[]> x = buffer(rows * in);
-  widenFloats(bits(x16), x.get(), rows * in, dtype);
   // Seed each row with the bias; each block's GEMM accumulates onto it (beta = 1).
   if (bias) {
     for (int64_t r = 0; r < rows; ++r) std::copy(bias, bias + out, y + r * out);
   }
+  // Blocks of input rows (widened to float32) times blocks of weight rows (rounded), each about 4 MiB:
+  // no float32 copy of the whole input or weight. With more than one block of input rows (large
+  // batches) the weight blocks are rounded once per input block: a few extra passes over the weight,
+  // against a float32 input copy as large as the activation autocast keeps in half.
   const int64_t step = blockRows(in);
+  std::unique_ptr<float[]> xr = buffer(std::min(step, rows) * in);
   std::unique_ptr<float[]> wr = buffer(std::min(step, out) * in);
-  for (int64_t o = 0; o < out; o += step) {
-    const int64_t n = std::min(step, out - o);
-    roundFloats(w + o * in, wr.get(), n * in, dtype);  // weight rows [o, o + n), rounded
-    // y[:, o:o+n] (+)= x wr^T
-    blas::sgemm(false, true, rows, n, in, 1.0f, x.get(), in, wr.get(), in, bias ? 1.0f : 0.0f, y + o, out);
+  for (int64_t r = 0; r < rows; r += step) {
+    const int64_t m = std::min(step, rows - r);
+    widenFloats(bits(x16) + r * in, xr.get(), m * in, dtype);  // input rows [r, r + m)
+    for (int64_t o = 0; o < out; o += step) {
+      const int64_t n = std::min(step, out - o);
+      roundFloats(w + o * in, wr.get(), n * in, dtype);  // weight rows [o, o + n)
+      // y[r:r+m, o:o+n] (+)= xr wr^T
+      blas::sgemm(false, true, m, n, in, 1.0f, xr.get(), in, wr.get(), in, bias ? 1.0f : 0.0f, y + r * out + o, out);
+    }
   }
   if (relu) std::transform(y, y + rows * out, y, [](float v) { return v > 0.0f ? v : 0.0f; });
 }
 
 Tensor roundGradient16(const Tensor& g, DType dtype) {
-  Tensor gr = Tensor::empty(g.shape());
+  // The gradient the layer after this one returned, held by the caller alone, is a temporary: rounded
+  // in place (one activation-sized buffer less at the peak of backward). Anything else (the caller's
+  // array, a tensor someone else holds) is copied.
+  const bool temporary = !g.borrowed() && g.storage().use_count() == 1;
+  Tensor gr = temporary ? g : Tensor::empty(g.shape());
   roundFloats(g.data<float>(), gr.data<float>(), g.numel(), dtype);
   return gr;
 }
