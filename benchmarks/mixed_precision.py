@@ -1,12 +1,16 @@
 """Mixed precision on the CPU: the training step's time and memory in float32, bf16 and fp16, pycyxwiz
 (cx.autocast, cx.GradScaler for fp16) beside torch (torch.autocast("cpu", dtype=torch.bfloat16)).
 
-    python benchmarks/mixed_precision.py                        # 784-4096-4096-10, batch 64 and 1024 (~4 min on 2 cores)
-    python benchmarks/mixed_precision.py --quick                # smoke run: 784-512-512-10 (~20 s)
     python benchmarks/mixed_precision.py --out benchmarks/results/mixed_precision_2core.md
+                                      # 784-4096-4096-10, batch 64 and 1024 (~5 min on 2 busy cores)
+    python benchmarks/mixed_precision.py --quick                # smoke run: 784-512-512-10 (~1 min)
 
-Each variant (framework x precision x batch) runs in a fresh process, one after the other:
-  1. build the model (seeded) and Adam (lr 1e-3; torch: foreach, its CPU default), run --warmup steps;
+torch runs float32 and bf16 (torch.autocast on the CPU); its fp16 with torch.amp.GradScaler("cpu") only
+with --torch-fp16. Each variant (framework x precision x batch) runs in a fresh process, one after the
+other, with MALLOC_MMAP_THRESHOLD_=65536 (every tensor its own mapping, unmapped when freed, in both
+frameworks: the resident size then follows the live tensors, not what malloc keeps for reuse):
+  1. build the model (seeded) and Adam (lr 1e-3; torch: fused=True, gradients kept between steps as
+     pycyxwiz keeps them: zero_grad(set_to_none=False)), run the warm-up steps;
   2. pycyxwiz only: a forward on one row, so that the layers' caches of the last warm-up step shrink
      (a pycyxwiz model keeps its activations until the next forward; torch frees its graph in backward);
   3. reset VmHWM (/proc/self/clear_refs), read the resident size (the base), run --steps steps, timing
@@ -74,13 +78,13 @@ def make_step(framework, precision, sizes, batch, threads):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = torch_mlp(torch, sizes)
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    opt = torch.optim.Adam(model.parameters(), lr=LR, fused=True)
     xb, yb = torch.from_numpy(X), torch.from_numpy(y)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler("cpu") if precision == "fp16" else None
 
     def step():
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=False)
         with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             out = model(xb)
             loss = torch.nn.functional.cross_entropy(out, yb)
@@ -114,12 +118,18 @@ def worker(args):
                       "process_mib": hwm / 1024, "times_ms": [t * 1e3 for t in times]}))
 
 
+def counts(args, batch):
+    """(warm-up steps, timed steps): fewer above batch 256, where a step takes seconds here."""
+    return (args.warmup, args.steps) if batch <= 256 else (max(1, args.warmup // 2), max(2, args.steps // 3))
+
+
 def run_variant(args, framework, precision, batch):
-    steps = args.steps if batch <= 256 else max(2, args.steps // 2)
+    warmup, steps = counts(args, batch)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", framework, "--precision", precision,
            "--batch", str(batch), "--sizes", json.dumps(args.sizes_list), "--threads", str(args.threads),
-           "--warmup", str(args.warmup), "--steps", str(steps)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+           "--warmup", str(warmup), "--steps", str(steps)]
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -143,8 +153,9 @@ def main():
     p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 64,1024)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=6, help="timed steps at batch <= 256 (half as many above)")
+    p.add_argument("--steps", type=int, default=6, help="timed steps at batch <= 256 (a third as many above)")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--torch-fp16", action="store_true", help="also torch fp16 autocast + GradScaler")
     p.add_argument("--out", default=None, help="write the markdown table here")
     p.add_argument("--worker", choices=["cx", "torch"], help=argparse.SUPPRESS)
     p.add_argument("--precision", choices=PRECISIONS, help=argparse.SUPPRESS)
@@ -171,6 +182,8 @@ def main():
     for batch in batches:
         for fw in frameworks:
             for prec in PRECISIONS:
+                if fw == "torch" and prec == "fp16" and not args.torch_fp16:
+                    continue
                 res = run_variant(args, fw, prec, batch)
                 rows.append((batch, fw, prec, res))
                 print(batch, fw, prec, json.dumps({k: v for k, v in res.items() if k != "times_ms"}), flush=True)
@@ -186,10 +199,11 @@ def main():
               f"Load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)}; after: "
               f"{', '.join(f'{x:.2f}' for x in load_after)} (the machine was shared; the run took "
               f"{time.time() - start:.0f} s)  ",
-              f"Each variant in a fresh process: {args.warmup} warm-up steps, then the median of the timed steps "
-              f"({args.steps} at batch <= 256, {max(2, args.steps // 2)} above). Step peak = VmHWM during the timed "
-              "steps minus the resident size before them (kept activations, their gradients, temporaries); process "
-              "peak = VmHWM (parameters, gradients and Adam state included).", "",
+              f"Each variant in a fresh process with MALLOC_MMAP_THRESHOLD_=65536: warm-up steps, then the median "
+              f"of the timed steps (batch <= 256: {counts(args, 64)[0]} + {counts(args, 64)[1]}; above: "
+              f"{counts(args, 1024)[0]} + {counts(args, 1024)[1]}). Step peak = VmHWM during the timed steps minus "
+              "the resident size before them (kept activations, their gradients, temporaries); process peak = VmHWM "
+              "(parameters, gradients and Adam state included). torch: fused Adam, gradients kept between steps.", "",
               "| batch | framework | precision | step ms | vs float32 | step peak MiB | vs float32 | process peak MiB |",
               "|---:|---|---|---:|---:|---:|---:|---:|"]
     base = {}

@@ -10,7 +10,11 @@ namespace cyxwiz::nn {
 
 namespace {
 
-constexpr int64_t kBlockFloats = int64_t{1} << 20;  // 4 MiB of float32 per rounded block
+// 4 MiB of float32 per rounded or widened block. Larger blocks mean fewer GEMM calls (each wakes the
+// BLAS threads: on a busy machine that costs more than the call) but more memory held at the peak;
+// 16 MiB blocks made the 784-4096-4096-10 step at batch 1024 faster here and its peak higher than
+// float32's (benchmarks/results/mixed_precision_2core.md).
+constexpr int64_t kBlockFloats = int64_t{1} << 20;
 
 // Rows of a (rows, cols) matrix per block.
 int64_t blockRows(int64_t cols) { return std::max<int64_t>(1, kBlockFloats / std::max<int64_t>(cols, 1)); }

@@ -1,6 +1,6 @@
 // Host loops between float32 and the 16-bit floats (bfloat16, float16) for the mixed-precision layers
 // (nn/autocast.h): branch-free conversions from half.h in plain loops, which the compiler vectorises
-// (as ddp/wire.cpp's). Every function takes the 16-bit type as a DType (BFloat16 or Float16).
+// (as ddp/wire.cpp's), cloned per instruction set (AVX-512, AVX2, baseline). Every function takes the 16-bit type as a DType (BFloat16 or Float16).
 #pragma once
 
 #include <cstdint>
