@@ -16,7 +16,10 @@ frameworks: the resident size then follows the live tensors, not what malloc kee
   3. reset VmHWM (/proc/self/clear_refs), read the resident size (the base), run --steps steps, timing
      each: step time = the median; step peak = VmHWM - base (the memory the step itself needs: kept
      activations, gradients of activations, temporaries); process peak = VmHWM.
-The thread count is the same for both frameworks (--threads, default: the machine's cores).
+Each thread count of --threads (default "1,<cores>") runs every variant; the same count for both
+frameworks. One thread is what each rank of a multi-rank job gets by default; with more, every GEMM
+call wakes the BLAS threads, and autocast's blocked GEMMs make many calls (on a busy machine each
+wake-up can wait for a time slice).
 Linux only (/proc).
 """
 
@@ -123,10 +126,10 @@ def counts(args, batch):
     return (args.warmup, args.steps) if batch <= 256 else (max(1, args.warmup // 2), max(2, args.steps // 3))
 
 
-def run_variant(args, framework, precision, batch):
+def run_variant(args, framework, precision, batch, threads):
     warmup, steps = counts(args, batch)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", framework, "--precision", precision,
-           "--batch", str(batch), "--sizes", json.dumps(args.sizes_list), "--threads", str(args.threads),
+           "--batch", str(batch), "--sizes", json.dumps(args.sizes_list), "--threads", str(threads),
            "--warmup", str(warmup), "--steps", str(steps)]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
@@ -151,7 +154,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="784-512-512-10, batch 64 and 256")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 64,1024)")
-    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--threads", default=f"1,{os.cpu_count()}", help="comma-separated thread counts")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=6, help="timed steps at batch <= 256 (a third as many above)")
     p.add_argument("--no-torch", action="store_true")
@@ -163,6 +166,7 @@ def main():
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
+        args.threads = int(args.threads)
         return worker(args)
 
     args.sizes_list = [784, 512, 512, 10] if args.quick else [784, 4096, 4096, 10]
@@ -179,14 +183,16 @@ def main():
     load_before = os.getloadavg()
     start = time.time()
     rows = []
-    for batch in batches:
-        for fw in frameworks:
-            for prec in PRECISIONS:
-                if fw == "torch" and prec == "fp16" and not args.torch_fp16:
-                    continue
-                res = run_variant(args, fw, prec, batch)
-                rows.append((batch, fw, prec, res))
-                print(batch, fw, prec, json.dumps({k: v for k, v in res.items() if k != "times_ms"}), flush=True)
+    for threads in [int(t) for t in args.threads.split(",")]:
+        for batch in batches:
+            for fw in frameworks:
+                for prec in PRECISIONS:
+                    if fw == "torch" and prec == "fp16" and not args.torch_fp16:
+                        continue
+                    res = run_variant(args, fw, prec, batch, threads)
+                    rows.append((threads, batch, fw, prec, res))
+                    print(threads, batch, fw, prec, json.dumps({k: v for k, v in res.items() if k != "times_ms"}),
+                          flush=True)
     load_after = os.getloadavg()
     cpu, bf16_isa, amx, avx512 = machine()
 
@@ -194,7 +200,7 @@ def main():
     lines += [f"Command: `python benchmarks/mixed_precision.py{' --quick' if args.quick else ''}"
               f"{' --out ' + args.out if args.out else ''}`  ",
               f"Machine: {cpu}, {os.cpu_count()} cores (AVX512F: {avx512}, AVX512-BF16: {bf16_isa}, AMX-BF16: {amx}); "
-              f"Python {platform.python_version()}; threads per framework: {args.threads}; "
+              f"Python {platform.python_version()}; BLAS/torch threads: {args.threads}; "
               f"torch {torch_version if 'torch' in frameworks else 'not run'}  ",
               f"Load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)}; after: "
               f"{', '.join(f'{x:.2f}' for x in load_after)} (the machine was shared; the run took "
@@ -204,21 +210,21 @@ def main():
               f"{counts(args, 1024)[0]} + {counts(args, 1024)[1]}). Step peak = VmHWM during the timed steps minus "
               "the resident size before them (kept activations, their gradients, temporaries); process peak = VmHWM "
               "(parameters, gradients and Adam state included). torch: fused Adam, gradients kept between steps.", "",
-              "| batch | framework | precision | step ms | vs float32 | step peak MiB | vs float32 | process peak MiB |",
-              "|---:|---|---|---:|---:|---:|---:|---:|"]
+              "| threads | batch | framework | precision | step ms | vs float32 | step peak MiB | vs float32 | process peak MiB |",
+              "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
     base = {}
-    for batch, fw, prec, res in rows:
+    for threads, batch, fw, prec, res in rows:
         if "error" in res:
-            lines.append(f"| {batch} | {fw} | {prec} | error: {res['error']} | | | | |")
+            lines.append(f"| {threads} | {batch} | {fw} | {prec} | error: {res['error']} | | | | |")
             continue
         if prec == "float32":
-            base[(batch, fw)] = res
-        b = base.get((batch, fw))
+            base[(threads, batch, fw)] = res
+        b = base.get((threads, batch, fw))
         rt = f"{res['ms'] / b['ms']:.2f}x" if b else ""
         rm = f"{res['peak_mib'] / b['peak_mib']:.2f}x" if b and b["peak_mib"] > 0 else ""
         name = {"cx": "pycyxwiz", "torch": "torch"}[fw]
         how = {"float32": "float32", "bf16": "bf16 autocast", "fp16": "fp16 autocast + GradScaler"}[prec]
-        lines.append(f"| {batch} | {name} | {how} | {res['ms']:.1f} | {rt} | {res['peak_mib']:.1f} | {rm} | "
+        lines.append(f"| {threads} | {batch} | {name} | {how} | {res['ms']:.1f} | {rt} | {res['peak_mib']:.1f} | {rm} | "
                      f"{res['process_mib']:.0f} |")
     text = "\n".join(lines) + "\n"
     print(text)

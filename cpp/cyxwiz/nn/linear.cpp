@@ -75,6 +75,7 @@ Tensor LinearModule::forward16(const Tensor& input, bool relu, DType dtype) {
                                      "on the CPU only in this version; train this GPU model in float32 (leave "
                                      "cx.autocast / mixed_precision off) or move the model to the CPU"));
   }
+  input_ = Tensor();  // the last step's copy goes before this step's buffers are made: a lower peak
   const Tensor x16 = narrowActivation(input, dtype);  // the copy a fused ReLU before us made, if any
   Tensor output = Tensor::empty({x16.size(0), out_});
   linearForward16(x16, weight_.value.data<float>(), hasBias_ ? bias_.value.data<float>() : nullptr,

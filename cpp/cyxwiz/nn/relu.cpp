@@ -21,9 +21,13 @@ Tensor maskFrom16(const Tensor& x16, const Tensor& g) {
 }  // namespace
 
 // Under autocast on the CPU the saved input is a 16-bit copy (nn/autocast.h); else what forward saw.
+// Under autocast the last step's copy goes first, before the new one is made (a lower peak).
 Tensor ReLUModule::keep(const Tensor& x, bool offer) {
   const std::optional<DType> dtype = autocastDtype();
-  if (dtype && !x.isCuda()) return narrowActivation(x, *dtype, offer);
+  if (dtype && !x.isCuda()) {
+    input_ = Tensor();
+    return narrowActivation(x, *dtype, offer);
+  }
   return offer ? x : keepForBackward(x);
 }
 

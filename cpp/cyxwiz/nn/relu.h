@@ -26,7 +26,7 @@ class ReLUModule : public Module {
 
  private:
   // `offer`: the output of a fused LinearModule, whose 16-bit copy the next LinearModule may share.
-  static Tensor keep(const Tensor& x, bool offer);
+  Tensor keep(const Tensor& x, bool offer);
   Tensor input_;  // float32, or a 16-bit copy under autocast (its sign is the mask)
 };
 
