@@ -106,10 +106,13 @@ gradients; a skipped step zeroes them too) and every rank takes the same decisio
            }),
            py::arg("init_scale") = 65536.0, py::arg("growth_factor") = 2.0, py::arg("backoff_factor") = 0.5,
            py::arg("growth_interval") = 2000, py::arg("enabled") = true)
-      .def("scale", [](const GradScaler& self, double value) { return value * self.scale(); }, py::arg("loss"))
-      .def("scale", [](const GradScaler& self, py::handle grad) {
-        return bindings::toNumpy(self.scale(bindings::floatTensor(grad, "GradScaler.scale")));
-      }, py::arg("loss_grad"), "The loss gradient (or the loss) times the current scale: pass it to backward.")
+      .def("scale", [](const GradScaler& self, py::handle value) -> py::object {
+        if (py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value)) {
+          return py::float_(value.cast<double>() * self.scale());  // a loss value, as torch's scale(loss)
+        }
+        return bindings::toNumpy(self.scale(bindings::floatTensor(value, "GradScaler.scale")));
+      }, py::arg("loss_grad"), "The loss gradient (an array: pass the result to backward), or a loss value, times "
+         "the current scale.")
       .def("unscale_", [](GradScaler& self, SequentialModel& model) {
         ModelGradients grads(model);
         BlockingCall unlocked;

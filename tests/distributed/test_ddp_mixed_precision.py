@@ -181,3 +181,56 @@ finish()
 
 def test_ranks_with_different_mixed_precision_are_refused(ranks):
     reports_of(ranks, ranks.run(MISMATCH, 2, timeout=60), 2)
+
+
+VERSION1 = PRELUDE + r'''
+import struct, zlib
+D.init()
+path = os.environ["TEST_DIR"] + "/v2.ckpt"
+t = D.DistributedTrainer(build(0), cx.CrossEntropyLoss(), cx.SGDOptimizer(0.1))
+t.save_checkpoint(path)
+raw = open(path, "rb").read()
+HEADER = 24   # magic | version u32 | reserved u32 | payload size u64; the payload's crc32 closes the file
+payload = raw[HEADER:-4]
+expect(struct.unpack("<I", raw[8:12])[0] == 2, "checkpoints are not written as version 2")
+expect(payload.endswith(struct.pack("<I", 0) + b"\x00"), "no mixed-precision section (None, no scaler) at the end")
+old = payload[:-5]   # what version 1 wrote: everything up to the history
+v1 = raw[:8] + struct.pack("<I", 1) + raw[12:16] + struct.pack("<Q", len(old)) + old + struct.pack("<I", zlib.crc32(old))
+open(path + ".v1", "wb").write(v1)
+t.load_checkpoint(path + ".v1")
+expect(t.grad_scaler is None, "a version 1 checkpoint brought a loss scaler")
+finish()
+'''
+
+
+def test_version_1_checkpoints_still_load(ranks, tmp_path):
+    reports_of(ranks, ranks.run(VERSION1, 1, env={"TEST_DIR": str(tmp_path)}, timeout=60), 1)
+
+
+TRAIN_STEP = PRELUDE + r'''
+D.init()
+model = build(0, hidden=32)
+ddp = D.DistributedDataParallel(model)
+scaler = cx.GradScaler(init_scale=2.0 ** 20, growth_interval=3)
+step = D.TrainStep(ddp, LOSS, cx.AdamOptimizer(0.01), mixed_precision="fp16", grad_scaler=scaler)
+expect(step.grad_scaler is scaler, "TrainStep did not take the GradScaler it was given")
+bf = D.TrainStep(D.DistributedDataParallel(build(0, hidden=32)), LOSS, cx.AdamOptimizer(0.01), mixed_precision="bf16")
+expect(bf.grad_scaler is None, "bf16 made a GradScaler")
+for s in range(8):
+    X, y = batch(s % 2, 32)
+    step(X, y)
+    bf(X, y)
+expect(np.isfinite(step.loss()) and np.isfinite(bf.loss()), f"losses {step.loss()} {bf.loss()}")
+expect(model[0]._saved_tensors()[0]["dtype"] == "float16", f"the step did not run under autocast: {model[0]._saved_tensors()}")
+expect(scaler.get_scale() != 2.0 ** 20, f"the scale never moved: {scaler.state_dict()}")
+try:
+    D.TrainStep(ddp, LOSS, cx.SGDOptimizer(0.1), mixed_precision="fp8")
+    expect(False, "mixed_precision='fp8' accepted")
+except ValueError as e:
+    expect("'bf16' or 'fp16'" in str(e), str(e))
+finish()
+'''
+
+
+def test_train_step_takes_mixed_precision(ranks):
+    reports_of(ranks, ranks.run(TRAIN_STEP, 1, timeout=60), 1)
