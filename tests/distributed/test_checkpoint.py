@@ -457,8 +457,9 @@ assert payload.startswith(struct.pack("<I", 1) + layer + struct.pack("<I", 1) + 
 if CASE == "stacked":           # the model's one layer stacked 4096 times, still one d x d tensor stored
     payload = struct.pack("<I", 4096) + layer * 4096 + payload[4 + len(layer):]
 else:                           # no history yet: four empty lists; the first now claims 10**7 values
-    assert payload.endswith(struct.pack("<4I", 0, 0, 0, 0))
-    payload = payload[:-16] + struct.pack("<I", 10**7)
+    mixed = s("") + b"\x00"    # then (version 2) mixed_precision None and no loss scaler
+    assert payload.endswith(struct.pack("<4I", 0, 0, 0, 0) + mixed)
+    payload = payload[:-16 - len(mixed)] + struct.pack("<I", 10**7)
 bad = HERE / "bad.ckpt"
 bad.write_bytes(raw[:16] + struct.pack("<Q", len(payload)) + payload + struct.pack("<I", zlib.crc32(payload) & 0xFFFFFFFF))
 
