@@ -67,6 +67,7 @@ Tensor SequentialModel::forwardCheckpointed(const Tensor& input) {
       s.end = bounds[j].second;
       s.input = x;
       s.random = globalGenerator();
+      s.autocast = autocastState();
       x = runLayers(s.begin, s.end, x);
       // The last segment's caches are what backward needs first: kept (as torch keeps them).
       s.cached = j + 1 == bounds.size();
@@ -83,6 +84,8 @@ Tensor SequentialModel::forwardCheckpointed(const Tensor& input) {
 }
 
 void SequentialModel::recompute(Segment& s, const Tensor* nextInput) {
+  // Backward usually runs outside autocast: the replay computes (and keeps) what the forward did.
+  AutocastGuard autocast(s.autocast);
   // The forward that made the segment's input ran in training mode; so does its replay (a model
   // switched to eval() between forward and backward would otherwise replay Dropout as the identity).
   for (size_t i = s.begin; i < s.end; ++i) modules_[i]->setTraining(true);

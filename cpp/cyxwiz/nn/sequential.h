@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "cyxwiz/nn/autocast.h"
 #include "cyxwiz/nn/module.h"
 
 namespace cyxwiz::nn {
@@ -86,6 +87,7 @@ class SequentialModel {
     size_t begin = 0, end = 0;  // layers [begin, end)
     Tensor input;               // engine-owned: never the caller's array
     std::mt19937_64 random;     // the global generator as this segment's forward found it
+    AutocastState autocast;     // mixed precision (nn/autocast.h) as its forward ran: so runs its replay
     bool cached = false;        // its layers hold their caches (the last segment after forward)
   };
   std::vector<std::pair<size_t, size_t>> segmentBounds() const;
