@@ -462,6 +462,9 @@ def test_peer_exiting_normally_raises_network_error(watch, leaver, how):
 
 CTRL_C_CODE = r'''
 import signal
+# Python leaves SIGINT ignored when its parent ignored it (a job started with & from a script): make
+# it what a terminal's Ctrl-C meets.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 MODE = os.environ["MODE"]
 D.barrier()
 emit("READY")
@@ -469,9 +472,9 @@ if RANK == 1:
     time.sleep(120)               # the test stops this rank; it never calls the collective
     sys.exit(0)
 a = np.ones(1 << 10, np.float32)
-emit("CALLING")
 t0 = time.monotonic()
 try:
+    emit("CALLING")               # inside the try: a SIGINT that comes before the call is caught too
     if MODE == "blocking":
         D.all_reduce(a)
     else:
