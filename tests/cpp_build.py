@@ -5,6 +5,10 @@ tests/test_cpp_ranks.py). The library is built once per pytest session, whicheve
 The BLAS is the scipy-openblas32 wheel's, found through its Python package only to hand cmake its
 OpenBLAS_DIR, as a C++ user would (docs/cpp.md). Without cmake, a C++ compiler or that wheel the
 tests skip, saying which is missing.
+
+CI compiles the library ahead, in the background while other tests run (`python tests/cpp_build.py
+DIR`, with CYXWIZ_CPP_PACKAGE_BUILD=DIR for the tests): the tests then wait for that build's lock and
+configure, build and install in DIR as usual, which finds everything built.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +57,40 @@ def run(cmd: list[str], cwd: Path, timeout: float) -> None:
     assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
+def configure_and_build(build: Path, prefix: Path, blas: str) -> None:
+    run(["cmake", "-S", str(ROOT), "-B", str(build), *generator(), "-DCMAKE_BUILD_TYPE=Release",
+         f"-DOpenBLAS_DIR={blas}", f"-DCMAKE_INSTALL_PREFIX={prefix}"], build.parent, 300)
+    run(["cmake", "--build", str(build), "-j", jobs()], build.parent, 800)
+
+
+class _BuildLock:
+    """An exclusive lock on DIR/.lock (flock; POSIX only, as CI's ahead-of-time build is): the tests wait,
+    at most `timeout` seconds, for the background build that holds it."""
+
+    def __init__(self, build: Path, timeout: float) -> None:
+        self.path, self.timeout = build / ".lock", timeout
+
+    def __enter__(self) -> "_BuildLock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(self.path, "a")  # noqa: SIM115 (held until __exit__)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self.file.close()
+                    raise AssertionError(f"the C++ package build in {self.path.parent} still held its lock after "
+                                         f"{self.timeout:.0f} s (CYXWIZ_CPP_PACKAGE_BUILD); see its log") from None
+                time.sleep(0.5)
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()  # closing releases the flock
+
+
 def install_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Configures the top-level CMakeLists without Python, builds the core and installs it; returns the
     install prefix (include/, lib/libcyxwiz.a, lib/cmake/cyxwiz/). Once per session: later calls return
@@ -59,12 +99,17 @@ def install_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
         try:
             require_toolchain()
             blas = openblas_dir()
-            work = tmp_path_factory.mktemp("cyxwiz_cpp")
-            build, prefix = work / "build", work / "prefix"
-            run(["cmake", "-S", str(ROOT), "-B", str(build), *generator(), "-DCMAKE_BUILD_TYPE=Release",
-                 f"-DOpenBLAS_DIR={blas}", f"-DCMAKE_INSTALL_PREFIX={prefix}"], work, 300)
-            run(["cmake", "--build", str(build), "-j", jobs()], work, 800)
-            run(["cmake", "--install", str(build)], work, 120)
+            prepared = os.environ.get("CYXWIZ_CPP_PACKAGE_BUILD")
+            if prepared:  # built ahead by CI (see above): the same steps, found done
+                build = Path(prepared).resolve()
+                prefix = build.parent / (build.name + "-prefix")
+                with _BuildLock(build, timeout=1200):
+                    configure_and_build(build, prefix, blas)
+            else:
+                work = tmp_path_factory.mktemp("cyxwiz_cpp")
+                build, prefix = work / "build", work / "prefix"
+                configure_and_build(build, prefix, blas)
+            run(["cmake", "--install", str(build)], build.parent, 120)
             _installed["package"] = ("ok", prefix)
         except pytest.skip.Exception as e:
             _installed["package"] = ("skip", e.msg)
@@ -90,3 +135,10 @@ def build_program(source_dir: Path, build_dir: Path, prefix: Path, target: str, 
     exe = next((p for p in (build_dir / target, build_dir / f"{target}.exe") if p.is_file()), None)
     assert exe is not None, f"no {target} executable in {build_dir}"
     return exe
+
+
+if __name__ == "__main__":
+    # python tests/cpp_build.py DIR: CI's build ahead of the tests (above), under DIR's lock.
+    target = Path(sys.argv[1]).resolve()
+    with _BuildLock(target, timeout=60):
+        configure_and_build(target, target.parent / (target.name + "-prefix"), openblas_dir())

@@ -6,6 +6,7 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
+#include "cyxwiz/platform/cpu.h"
 #include "cyxwiz/tensor/half.h"
 
 namespace cyxwiz::comm {
@@ -65,11 +66,45 @@ void applyFloating(void* acc, const void* in, size_t n, F f) {
   }
 }
 
+// The 16-bit sums the gradient exchange runs at every step (ddp/wire.h), cloned per instruction set
+// (platform/cpu.h): on AVX-512 about 1.7x the baseline loops' speed (10M elements). bfloat16 widens
+// by a shift, so its fused loop vectorises; float16's conversions vectorise only in separate loops.
+CYXWIZ_CPU_CLONES void sumBFloat16(uint16_t* __restrict a, const uint16_t* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) a[i] = floatToBFloat16(bfloat16ToFloat(a[i]) + bfloat16ToFloat(b[i]));
+}
+CYXWIZ_CPU_CLONES void sumHalf(uint16_t* __restrict a, const uint16_t* __restrict b, size_t n) {
+  constexpr size_t kBlock = 512;
+  float x[kBlock], y[kBlock];
+  for (size_t at = 0; at < n; at += kBlock) {
+    const size_t m = std::min(kBlock, n - at);
+    for (size_t i = 0; i < m; ++i) x[i] = halfToFloat(a[at + i]);
+    for (size_t i = 0; i < m; ++i) y[i] = halfToFloat(b[at + i]);
+    for (size_t i = 0; i < m; ++i) x[i] = x[i] + y[i];
+    for (size_t i = 0; i < m; ++i) a[at + i] = floatToHalf(x[i]);
+  }
+}
+
+// bfloat16 AVG's last pass (the exchange's default dtype), cloned as its sum is.
+CYXWIZ_CPU_CLONES void multiplyBFloat16(uint16_t* __restrict d, size_t n, float k) {
+  for (size_t i = 0; i < n; ++i) d[i] = floatToBFloat16(bfloat16ToFloat(d[i]) * k);
+}
+
+template <typename E>
+void sum(void* acc, const void* in, size_t n) {
+  if constexpr (std::is_same_v<E, WidenedBFloat16>) {
+    sumBFloat16(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(in), n);
+  } else if constexpr (std::is_same_v<E, WidenedHalf>) {
+    sumHalf(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(in), n);
+  } else {
+    apply<E>(acc, in, n, [](auto x, auto y) { return x + y; });
+  }
+}
+
 template <typename E>
 void reduceFloating(void* acc, const void* in, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: applyFloating<E>(acc, in, n, [](auto x, auto y) { return x + y; }); return;
+    case ReduceOp::Avg: sum<E>(acc, in, n); return;
     case ReduceOp::Product: applyFloating<E>(acc, in, n, [](auto x, auto y) { return x * y; }); return;
     // NaN wins, as in numpy.maximum/minimum and torch: a NaN gradient must not vanish in a MAX.
     case ReduceOp::Max: applyFloating<E>(acc, in, n, [](auto x, auto y) { return (x != x || x > y) ? x : (y != y ? y : std::max(x, y)); }); return;
@@ -111,7 +146,11 @@ void divideBy(void* data, size_t count, int worldSize) {
     // By a power of two, x * (1/n) is x / n to the bit, and a multiply costs a fraction of a divide
     // (the divide was 1.5% of the CPU samples of a profiled 20M-MLP DDP run at 2 ranks, ~2 ms a step).
     const T inverse = T(1) / n;
-    for (size_t i = 0; i < count; ++i) d[i] = E::store(E::load(d[i]) * inverse);
+    if constexpr (std::is_same_v<E, WidenedBFloat16>) {
+      multiplyBFloat16(d, count, inverse);
+    } else {
+      for (size_t i = 0; i < count; ++i) d[i] = E::store(E::load(d[i]) * inverse);
+    }
     return;
   }
   for (size_t i = 0; i < count; ++i) d[i] = E::store(E::load(d[i]) / n);

@@ -2,26 +2,11 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/cuda.h"
-#include "cyxwiz/tensor/half.h"
+#include "cyxwiz/tensor/convert16.h"
 
 namespace cyxwiz::ddp {
 
 namespace {
-
-// Branch-free conversions in plain loops: the compiler vectorises each (half.h).
-template <uint16_t (*Narrow)(float)>
-void narrow(const float* __restrict in, uint16_t* __restrict out, int64_t n, float scale) {
-  if (scale == 1.0f) {
-    for (int64_t i = 0; i < n; ++i) out[i] = Narrow(in[i]);
-  } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = Narrow(in[i] * scale);
-  }
-}
-
-template <float (*Widen)(uint16_t)>
-void widen(const uint16_t* __restrict in, float* __restrict out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = Widen(in[i]);
-}
 
 void checkPair(const Tensor& grads, const Tensor& wire, const char* what) {
   CYX_CHECK(grads.dtype() == DType::Float32 && (wire.dtype() == DType::BFloat16 || wire.dtype() == DType::Float16) &&
@@ -52,11 +37,10 @@ void narrowGradients(const Tensor& grads, const Tensor& wire, float scale) {
     return;
   }
   auto* out = static_cast<uint16_t*>(wire.rawData());
-  const float* in = grads.data<float>();
-  if (wire.dtype() == DType::BFloat16) {
-    narrow<floatToBFloat16>(in, out, grads.numel(), scale);
+  if (scale == 1.0f) {
+    narrowFloats(grads.data<float>(), out, grads.numel(), wire.dtype());
   } else {
-    narrow<floatToHalf>(in, out, grads.numel(), scale);
+    narrowScaledFloats(grads.data<float>(), out, grads.numel(), scale, wire.dtype());
   }
 }
 
@@ -69,13 +53,8 @@ void widenGradients(const Tensor& wire, const Tensor& grads, int64_t first, int6
                            last - first, 1.0f));
     return;
   }
-  const auto* in = static_cast<const uint16_t*>(wire.rawData()) + first;
-  float* out = grads.data<float>() + first;
-  if (wire.dtype() == DType::BFloat16) {
-    widen<bfloat16ToFloat>(in, out, last - first);
-  } else {
-    widen<halfToFloat>(in, out, last - first);
-  }
+  widenFloats(static_cast<const uint16_t*>(wire.rawData()) + first, grads.data<float>() + first, last - first,
+              wire.dtype());
 }
 
 }  // namespace cyxwiz::ddp

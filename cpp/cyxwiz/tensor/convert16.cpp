@@ -24,6 +24,13 @@ CYXWIZ_LOOP(roundBf16, float, float, bfloat16ToFloat(floatToBFloat16(in[i])))
 CYXWIZ_LOOP(roundHalf, float, float, halfToFloat(floatToHalf(in[i])))
 #undef CYXWIZ_LOOP
 
+CYXWIZ_CPU_CLONES void narrowScaledBf16(const float* __restrict in, uint16_t* __restrict out, int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) out[i] = floatToBFloat16(in[i] * s);
+}
+CYXWIZ_CPU_CLONES void narrowScaledHalf(const float* __restrict in, uint16_t* __restrict out, int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) out[i] = floatToHalf(in[i] * s);
+}
+
 void check16(DType dtype) {
   CYX_CHECK(dtype == DType::BFloat16 || dtype == DType::Float16, "16-bit conversion: ", dtypeName(dtype),
             " is not bfloat16 or float16");
@@ -37,6 +44,15 @@ void narrowFloats(const float* in, uint16_t* out, int64_t n, DType dtype) {
     narrowBf16(in, out, n);
   } else {
     narrowHalf(in, out, n);
+  }
+}
+
+void narrowScaledFloats(const float* in, uint16_t* out, int64_t n, float scale, DType dtype) {
+  check16(dtype);
+  if (dtype == DType::BFloat16) {
+    narrowScaledBf16(in, out, n, scale);
+  } else {
+    narrowScaledHalf(in, out, n, scale);
   }
 }
 
