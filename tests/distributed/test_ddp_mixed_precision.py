@@ -15,19 +15,11 @@
 from __future__ import annotations
 
 import pytest
+from sixteen_bit import DIGITS_DATA
 from test_ddp import PRELUDE, assert_same_digest, reports_of
 
-DIGITS = PRELUDE + r'''
-from sklearn.datasets import load_digits
-
+DIGITS = PRELUDE + DIGITS_DATA + r'''
 D.init()
-X, y = load_digits(return_X_y=True)
-X = ((X - X.mean(0)) / (X.std(0) + 1e-6)).astype(np.float32)
-y = y.astype(np.int64)
-order = np.random.default_rng(0).permutation(len(X))   # the file is ordered by writer: shuffle before the split
-X, y = X[order], y[order]
-cut = len(X) * 3 // 4
-Xtr, ytr, Xte, yte = X[:cut], y[:cut], X[cut:], y[cut:]
 
 
 def run(mixed):

@@ -11,6 +11,7 @@ with another gradient_dtype is refused on every rank, the rank named.
 from __future__ import annotations
 
 import pytest
+from sixteen_bit import DIGITS_DATA, ORACLE
 from test_ddp import PRELUDE, assert_same_digest, records, reports_of
 
 import pycyxwiz as cx
@@ -29,20 +30,9 @@ def test_gradient_dtype_setting():
         c.gradient_dtype = "int8"
 
 
-EXACT = PRELUDE + r'''
+EXACT = PRELUDE + ORACLE + r'''
 wire, shard_opt = os.environ["TEST_WIRE"], os.environ["TEST_SHARD"] == "1"
 D.init()
-
-
-def bf16(x):
-    """float32 -> bfloat16 (nearest, ties to even) -> float32, as the engine rounds."""
-    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return r.astype(np.uint32).view(np.float32)
-
-
-def f16(x):
-    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
 
 
 cfg = D.DDPConfig()
@@ -60,17 +50,7 @@ for step in range(2):
     local.backward(LOSS.backward(local.forward(xs), ys))
     mine = flat(local.gradients())
     g0, g1 = D.all_gather(mine)
-    if wire == "bfloat16":
-        want = bf16(bf16(bf16(g0) + bf16(g1)) / np.float32(2))
-    else:
-        half = np.float32(0.5)
-        want = f16(f16(g0 * half) + f16(g1 * half))
-    have = flat(got)
-    expect(not np.array_equal(have, (g0 + g1) / 2), f"step {step}: the gradients are the float32 average: not exchanged in {wire}")
-    if not np.array_equal(have, want):
-        i = int(np.flatnonzero(have != want)[0])
-        expect(False, f"step {step}: {int((have != want).sum())} of {have.size} gradients differ from the {wire} oracle; "
-                      f"first at {i}: {have[i]!r} vs {want[i]!r} (float32 average {(g0[i] + g1[i]) / 2!r})")
+    expect_exchanged(flat(got), g0, g1, wire, step)
     ddp.zero_grad()
 finish(digest=digest(got))
 '''
@@ -174,18 +154,9 @@ def test_a_rank_with_other_ddp_settings_is_refused_everywhere(ranks, field, rank
         assert raised[0]["elapsed"] < 10, msg
 
 
-DIGITS = PRELUDE + r'''
-from sklearn.datasets import load_digits
-
+DIGITS = PRELUDE + DIGITS_DATA + r'''
 wire = os.environ["TEST_WIRE"]
 D.init()
-X, y = load_digits(return_X_y=True)
-X = ((X - X.mean(0)) / (X.std(0) + 1e-6)).astype(np.float32)
-y = y.astype(np.int64)
-order = np.random.default_rng(0).permutation(len(X))   # the file is ordered by writer: shuffle before the split
-X, y = X[order], y[order]
-cut = len(X) * 3 // 4
-Xtr, ytr, Xte, yte = X[:cut], y[:cut], X[cut:], y[cut:]
 B, STEPS = 32, 200
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gpu_support import DDP_PRELUDE, assert_same_digest, ddp_reports, requires_gpu, requires_two_gpus
+from sixteen_bit import ORACLE
 from test_collective_dtypes import _float32_cases
 
 import pycyxwiz as cx
@@ -86,22 +87,11 @@ def test_narrowing_kernel_edges_spelled_out():
 
 # ---- the exchange between two ranks -----------------------------------------------------------------
 
-EXACT = DDP_PRELUDE + r'''
+EXACT = DDP_PRELUDE + ORACLE + r'''
 wire, BACKEND = os.environ["TEST_WIRE"], os.environ["DISTRIBUTED_BACKEND"]
 D.init()
 expect(D.get_backend() == BACKEND, f"backend {D.get_backend()}")
 DEV = f"cuda:{D.get_local_rank()}" if BACKEND == "nccl" else "cuda:0"
-
-
-def bf16(x):
-    """float32 -> bfloat16 (nearest, ties to even) -> float32, as the engine rounds."""
-    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return r.astype(np.uint32).view(np.float32)
-
-
-def f16(x):
-    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
 
 
 cfg = D.DDPConfig()
@@ -122,17 +112,7 @@ for step in range(2):
     local.backward(LOSS.backward(local.forward(xs), ys))
     mine = flat(local.gradients())
     g0, g1 = D.all_gather(mine)
-    if wire == "bfloat16":
-        want = bf16(bf16(bf16(g0) + bf16(g1)) / np.float32(2))
-    else:
-        half = np.float32(0.5)
-        want = f16(f16(g0 * half) + f16(g1 * half))
-    have = flat(got)
-    expect(not np.array_equal(have, (g0 + g1) / 2), f"step {step}: the gradients are the float32 average: not exchanged in {wire}")
-    if not np.array_equal(have, want):
-        i = int(np.flatnonzero(have != want)[0])
-        expect(False, f"step {step}: {int((have != want).sum())} of {have.size} gradients differ from the {wire} oracle; "
-                      f"first at {i}: {have[i]!r} vs {want[i]!r} (float32 average {(g0[i] + g1[i]) / 2!r})")
+    expect_exchanged(flat(got), g0, g1, wire, step)
     ddp.zero_grad()
 finish(digest=digest(got))
 '''
