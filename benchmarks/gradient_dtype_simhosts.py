@@ -56,14 +56,12 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from simhost_jobs import load_simhosts, log, rate_bytes_per_s, run_job, tx_bytes  # noqa: E402
+
 READY, RESULT, ERROR = "GDTYPE_READY", "GDTYPE_RESULT", "GDTYPE_ERROR"
 DTYPES = ("float32", "bfloat16", "float16")
 BATCH, CLASSES, ROWS = 64, 10, 4096
 DIGITS_SIZES, DIGITS_BATCH = [64, 128, 10], 32
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
 
 
 def emit(tag, obj):
@@ -72,16 +70,6 @@ def emit(tag, obj):
 
 
 # ----------------------------------------------------------------- rank side
-
-def tx_bytes(dev):
-    """This network namespace's tx bytes of `dev` (/proc/net/dev follows the reader's namespace)."""
-    with open("/proc/net/dev") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name.strip() == dev:
-                return int(rest.split()[8])
-    raise RuntimeError(f"{dev} is not in /proc/net/dev")
-
 
 def param_checksum(arrays):
     """Per parameter: float64 sum and crc32 of its bytes (exact in float64): equal on every rank when in sync."""
@@ -268,74 +256,19 @@ def worker(args):
 
 # ----------------------------------------------------------------- driver
 
-def load_simhosts():
-    """tests/simhosts.py (SimHosts, Unavailable), imported by path (benchmarks/simhosts.py has the same name)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("tests_simhosts", os.path.join(os.path.dirname(HERE), "tests", "simhosts.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.SimHosts, mod.Unavailable
-
-
 def job(hosts, ranks_per_host, worker_argv, transport, port, timeout, what):
-    """One job of 2 x `ranks_per_host` ranks: (READY record, RESULT record) of rank 0, or raises.
-    Every process in the hosts is killed when it ends, however it ends."""
-    world = 2 * ranks_per_host
-    env0 = {k: v for k, v in os.environ.items()
-            if not k.startswith(("CYXWIZ_", "DISTRIBUTED_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                                          "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                                                                          "MASTER_PORT")}
-    env0.update(WORLD_SIZE=str(world), MASTER_ADDR=hosts.addrs[0], MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
-                CYXWIZ_NUM_THREADS="1", DISTRIBUTED_TIMEOUT_MS="120000", CYXWIZ_SECRET="gradient-dtype-benchmark")
-    if transport == "tcp":
-        env0["CYXWIZ_TRANSPORT"] = "tcp"
+    """One job of 2 x `ranks_per_host` ranks: (READY record, RESULT record) of rank 0, or raises."""
     argv = [sys.executable, os.path.abspath(__file__), *worker_argv]
-    procs = []
-    outs = []
-    deadline = time.monotonic() + timeout
-    try:
-        for r in range(world):
-            h = r // ranks_per_host
-            env = dict(env0, RANK=str(r), SIMHOST_LOCAL=str(r % ranks_per_host), SIMHOST_VETH=hosts.veths[h])
-            procs.append(hosts.popen_on(hosts.names[h], argv, env, cwd=HERE))
-        for r, p in enumerate(procs):
-            try:
-                outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"{what}: no result within {timeout:.0f} s (rank {r} still running)")
-            if r == 0:  # rank 0's log lines (round progress)
-                for ln in outs[0][1].splitlines()[-40:]:
-                    log(f"  [rank 0] {ln}")
-        bad = [(r, p.returncode, o, e) for r, (p, (o, e)) in enumerate(zip(procs, outs)) if p.returncode != 0]
-        if bad:
-            r, rc, o, e = bad[0]
-            errs = [ln for ln in o.splitlines() if ln.startswith(ERROR)]
-            raise RuntimeError(f"{what}: rank {r} exited {rc}: {(errs[0] if errs else '') + e.strip()[-1500:]}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
-        for pid in hosts.pids():  # anything a rank left behind
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
-    lines = outs[0][0].splitlines()
+    out, err = run_job(hosts, ranks_per_host, argv, port, secret="gradient-dtype-benchmark", timeout=timeout,
+                       what=what, transport=transport, error_tag=ERROR)
+    for ln in err.splitlines()[-40:]:  # rank 0's log lines (round progress)
+        log(f"  [rank 0] {ln}")
+    lines = out.splitlines()
     ready = [json.loads(ln[len(READY) + 1:]) for ln in lines if ln.startswith(READY + " ")]
     result = [json.loads(ln[len(RESULT) + 1:]) for ln in lines if ln.startswith(RESULT + " ")]
     if not ready or not result:
         raise RuntimeError(f"{what}: rank 0 printed no {READY if not ready else RESULT} line")
     return ready[0], result[0]
-
-
-def rate_bytes_per_s(rate):
-    """tc's rate ("1gbit", "500mbit") in bytes per second; None for "none"."""
-    for u, k in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1)):
-        if rate.endswith(u):
-            return float(rate[:-len(u)]) * k / 8
-    return None
 
 
 def fmt_ms(s):

@@ -23,32 +23,19 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from simhost_jobs import load_simhosts, log, rate_bytes_per_s, run_job, tx_bytes  # noqa: E402
+
 RESULT, READY = "SIMHOSTS_RESULT", "SIMHOSTS_READY"
 DEFAULT_SIZES = [4096 << (2 * i) for i in range(8)]  # 4 KiB .. 64 MiB by 4x
 
 
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
 # ----------------------------------------------------------------- rank side
-
-def tx_bytes(dev):
-    """This network namespace's tx bytes of `dev` (/proc/net/dev follows the reader's namespace)."""
-    with open("/proc/net/dev") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name.strip() == dev:
-                return int(rest.split()[8])
-    raise RuntimeError(f"{dev} is not in /proc/net/dev")
-
 
 def worker(args):
     import numpy as np
@@ -107,56 +94,13 @@ def worker(args):
 
 # ----------------------------------------------------------------- driver
 
-def load_simhosts():
-    """tests/simhosts.py (SimHosts, Unavailable), imported by path: this file has the same name."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("tests_simhosts", os.path.join(os.path.dirname(HERE), "tests", "simhosts.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.SimHosts, mod.Unavailable
-
-
 def job(hosts, ranks_per_host, setting, args, port):
     """One job of 2 x `ranks_per_host` ranks over every size: (transport, {bytes: record}) or raises."""
-    world = 2 * ranks_per_host
-    env0 = {k: v for k, v in os.environ.items()
-            if not k.startswith(("CYXWIZ_", "DISTRIBUTED_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                                          "MASTER_ADDR", "MASTER_PORT")}
-    env0.update(WORLD_SIZE=str(world), MASTER_ADDR=hosts.addrs[0], MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
-                CYXWIZ_NUM_THREADS="1", DISTRIBUTED_TIMEOUT_MS="120000", CYXWIZ_SECRET="simhosts-benchmark")
-    if setting == "tcp":
-        env0["CYXWIZ_TRANSPORT"] = "tcp"
     argv = [sys.executable, os.path.abspath(__file__), "--worker", "--sizes", *map(str, args.sizes),
             "--seconds", str(args.seconds), "--min-iters", str(args.min_iters), "--max-iters", str(args.max_iters)]
-    procs = []
-    for r in range(world):
-        h = r // ranks_per_host
-        env = dict(env0, RANK=str(r), SIMHOST_LOCAL=str(r % ranks_per_host), SIMHOST_VETH=hosts.veths[h])
-        procs.append(hosts.popen_on(hosts.names[h], argv, env, cwd=HERE))
-    deadline = time.monotonic() + args.job_timeout
-    try:
-        outs = []
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"L={ranks_per_host} {setting}: no result within {args.job_timeout} s")
-        bad = [(r, p.returncode, err) for r, (p, (_, err)) in enumerate(zip(procs, outs)) if p.returncode != 0]
-        if bad:
-            r, rc, err = bad[0]
-            raise RuntimeError(f"L={ranks_per_host} {setting}: rank {r} exited {rc}: {err.strip()[-1500:]}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
-        for pid in hosts.pids():  # anything a rank left behind
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
-    lines = outs[0][0].splitlines()
+    out, _ = run_job(hosts, ranks_per_host, argv, port, secret="simhosts-benchmark", timeout=args.job_timeout,
+                     what=f"L={ranks_per_host} {setting}", transport=setting)
+    lines = out.splitlines()
     ready = [json.loads(ln[len(READY) + 1:]) for ln in lines if ln.startswith(READY + " ")]
     results = [json.loads(ln[len(RESULT) + 1:]) for ln in lines if ln.startswith(RESULT + " ")]
     return ready[0]["transport"], {r["bytes"]: r for r in results}
@@ -167,15 +111,6 @@ def human(n):
         if n >= k and n % k == 0:
             return f"{n // k} {unit}"
     return f"{n} B"
-
-
-def rate_bytes_per_s(rate):
-    """tc's rate ("1gbit", "500mbit") in bytes per second; None for "none"."""
-    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1}
-    for u, k in units.items():
-        if rate.endswith(u):
-            return float(rate[:-len(u)]) * k / 8
-    return None
 
 
 def fmt_ms(s):
