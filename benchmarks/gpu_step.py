@@ -360,9 +360,10 @@ def amp_check(cx, name, batch, pool, args, device):
         loss = lossfn.forward(out, y)
         model.backward(lossfn.backward(out, y))
         runs[where] = ([loss], [np.asarray(g) for g in model.gradients()])
-    for what, got, want in (("loss", runs["gpu"][0], runs["cpu"][0]),
-                            *((f"gradient {i}", [g], [c]) for i, (g, c) in enumerate(zip(runs["gpu"][1], runs["cpu"][1])))):
-        d = rel_rms(got[0], want[0])
+    pairs = [("loss", runs["gpu"][0][0], runs["cpu"][0][0])]
+    pairs += [(f"gradient {i}", g, c) for i, (g, c) in enumerate(zip(runs["gpu"][1], runs["cpu"][1]))]
+    for what, got, want in pairs:
+        d = rel_rms(got, want)
         worst = max(worst, d)
         lines.append(f"{what} {d:.2e}")
     case = "PASS" if worst <= AMP_CHECK_RMS else "FAIL (amp check)"
@@ -538,8 +539,9 @@ def main(argv=None):
     rep.append(f"pycyxwiz  {cx.__version__}: CUDA {info.get('cuda_version')}, cuBLAS {info.get('cublas_version')}, "
                f"NCCL {info.get('nccl_version')}, architectures {info.get('cuda_architectures')}")
     rep.append(f"torch     {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})")
-    rep.append(f"settings  TF32 {'on' if args.tf32 else 'off'} in both; "
-               f"{'mixed precision ' + args.amp + ' (autocast)' if args.amp else 'float32'} in both; inputs {args.inputs}; Adam lr {LR}; "
+    precision = f"mixed precision {args.amp} (autocast)" if args.amp else "float32"
+    rep.append(f"settings  TF32 {'on' if args.tf32 else 'off'} in both; {precision} in both; inputs {args.inputs}; "
+               f"Adam lr {LR}; "
                f"data randn({args.rows}, 784) + randint(0, {CLASSES}), seed {args.seed}, {args.pool} batches cycled")
     plan = "; ".join(f"{m}: {args.plan[m][0]} rounds x ({args.plan[m][1]} warm-up + {args.plan[m][2]} timed + "
                      f"{args.plan[m][2]} loop steps)" for m in args.models)

@@ -111,8 +111,8 @@ gradients; a skipped step zeroes them too) and every rank takes the same decisio
           return py::float_(value.cast<double>() * self.scale());  // a loss value, as torch's scale(loss)
         }
         return bindings::toPython(self.scale(bindings::floatTensor(value, "GradScaler.scale")));
-      }, py::arg("loss_grad"), "The loss gradient (an array or a GPU cx.Tensor: pass the result to backward), or a loss value, times "
-         "the current scale.")
+      }, py::arg("loss_grad"), "The loss gradient (an array, or a GPU cx.Tensor that stays on the GPU: pass the "
+         "result to backward), or a loss value, times the current scale.")
       .def("unscale_", [](GradScaler& self, SequentialModel& model) {
         ModelGradients grads(model);
         BlockingCall unlocked;
