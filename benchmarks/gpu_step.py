@@ -6,6 +6,7 @@
     python benchmarks/gpu_step.py --models small --batches 64 --rounds 9 --tag h100_small
     python benchmarks/gpu_step.py --inputs device          # batches already on the GPU for both frameworks
     python benchmarks/gpu_step.py --no-drift               # timing only, without the lockstep correctness check
+    python benchmarks/gpu_step.py --amp bf16 --tag h100_bf16   # mixed precision in both frameworks
 
 Models: "small" = 784-256-10 and "large" = 784-4096-4096-10 (Linear/ReLU), cross-entropy, Adam lr 1e-3, TF32
 off in both frameworks (--tf32 turns it on in both). The torch models start from pycyxwiz's initial weights
@@ -19,6 +20,13 @@ A step, as a user's loop writes it:
   pycyxwiz graph  step(x, y); step.loss()  with step = cx.distributed.TrainStep(ddp, loss, Adam, cuda_graphs=True)
             on a world of one: the labels checked on the host, the batch copied into the graph's inputs, one
             graph launch, then a read of the running mean loss (one host sync)
+--amp bf16: mixed precision in every variant: pycyxwiz's forward under cx.autocast("bfloat16") (TrainStep with
+mixed_precision="bf16"), torch's forward and loss under torch.autocast(device_type="cuda", dtype=torch.bfloat16);
+master weights and Adam in float32 in both. Compare with the float32 run of the same command (the target: the
+large model's bf16 step at batch 1024 at most 0.6x its float32 step). The lockstep check (float32 thresholds)
+gives way to the amp check: one bf16 step of pycyxwiz on the GPU against the same step of pycyxwiz's CPU autocast
+(same weights, same batch; they differ only in the order of float32 additions), FAIL above 1e-3 relative rms
+in the loss or any gradient. It needs no torch GPU, so it runs under the tests' host emulator too.
 --inputs host (default): x and y are numpy batches gathered outside the timer and copied to the GPU inside
 the step (pycyxwiz copies them in forward/loss, torch with .to(device)). --inputs device: the batches are
 torch CUDA tensors prepared outside the timer; pycyxwiz takes them through __cuda_array_interface__ without
@@ -90,6 +98,8 @@ V_GRAPH = "pycyxwiz TrainStep, CUDA graph"
 V_FUSED = "torch Adam(fused=True)"
 V_DEFAULT = "torch Adam (default)"
 VARIANTS = [V_CX, V_GRAPH, V_FUSED, V_DEFAULT]
+CX_AMP = {None: None, "bf16": "bfloat16"}  # --amp -> cx.autocast's dtype
+AMP_CHECK_RMS = 1e-3  # the amp check's bound: relative rms difference, GPU vs CPU autocast
 
 
 def log(msg):
@@ -142,9 +152,10 @@ def driver_version():
 
 # ----------------------------------------------------------------- models and steps
 
-def cx_step_fn(cx, model, lossfn, opt):
+def cx_step_fn(cx, model, lossfn, opt, amp=None):
     def step(x, y):
-        out = model.forward(x)
+        with cx.autocast(amp or "bfloat16", enabled=amp is not None):
+            out = model.forward(x)
         loss = lossfn.forward(out, y)  # a float: the host waits for the forward here
         model.backward(lossfn.backward(out, y))
         opt.step(model)
@@ -153,12 +164,12 @@ def cx_step_fn(cx, model, lossfn, opt):
     return step
 
 
-def cx_graph_step_fn(cx, model, lossfn, opt):
+def cx_graph_step_fn(cx, model, lossfn, opt, amp=None):
     """cx.distributed.TrainStep(cuda_graphs=True) on a world of one: the first call eager, the second
     captured, later ones replayed; step.loss() reads the running mean loss (one host sync, as the
     other variants' loss read)."""
     ddp = cx.distributed.DistributedDataParallel(model)
-    train = cx.distributed.TrainStep(ddp, lossfn, opt, cuda_graphs=True)
+    train = cx.distributed.TrainStep(ddp, lossfn, opt, cuda_graphs=True, mixed_precision=amp)
 
     def step(x, y):
         train(x, y)
@@ -167,14 +178,15 @@ def cx_graph_step_fn(cx, model, lossfn, opt):
     return step
 
 
-def torch_step_fn(torch, model, opt, device, host_inputs):
+def torch_step_fn(torch, model, opt, device, host_inputs, amp=None):
     F = torch.nn.functional
 
     def step(x, y):
         if host_inputs:
             x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-        out = model(x)
-        loss = F.cross_entropy(out, y)
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=amp is not None):
+            out = model(x)
+            loss = F.cross_entropy(out, y)  # autocast computes it in float32
         value = loss.item()  # as a user's loop reads it: one host sync
         loss.backward()
         opt.step()
@@ -253,7 +265,7 @@ def bench_config(cx, torch, name, batch, args, device, dev_index):
         cx_model.to(device)
         x0, y0 = pool[0]
         loss0 = lossfn.forward(cx_model.forward(x0), y0)
-        runners[V_CX] = (cx_step_fn(cx, cx_model, lossfn, cx_opt), cx_sync)
+        runners[V_CX] = (cx_step_fn(cx, cx_model, lossfn, cx_opt, CX_AMP[args.amp]), cx_sync)
         res["checks"]["first_loss_pycyxwiz"] = loss0
     except Exception as e:
         res["variants"][V_CX] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
@@ -264,7 +276,7 @@ def bench_config(cx, torch, name, batch, args, device, dev_index):
             cx.distributed.init()  # a world of one: DDP and TrainStep need it
         graph_model, graph_loss, graph_opt = build_cx(cx, sizes, args.seed)
         graph_model.to(device)
-        runners[V_GRAPH] = (cx_graph_step_fn(cx, graph_model, graph_loss, graph_opt), cx_sync)
+        runners[V_GRAPH] = (cx_graph_step_fn(cx, graph_model, graph_loss, graph_opt, args.amp), cx_sync)
     except Exception as e:
         res["variants"][V_GRAPH] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
         log(f"  {V_GRAPH}: FAILED at set-up: {type(e).__name__}: {e}")
@@ -274,7 +286,7 @@ def bench_config(cx, torch, name, batch, args, device, dev_index):
             continue
         model, opt = build_torch(torch, sizes, weights, device, fused)
         torch_models[v] = model
-        runners[v] = (torch_step_fn(torch, model, opt, device, args.inputs == "host"), torch_sync)
+        runners[v] = (torch_step_fn(torch, model, opt, device, args.inputs == "host", args.amp), torch_sync)
     with torch.no_grad():
         x0, y0 = pool[0]
         if args.inputs == "host":
@@ -324,6 +336,39 @@ def bench_config(cx, torch, name, batch, args, device, dev_index):
     if "first_loss_pycyxwiz" in res["checks"]:
         res["checks"]["first_loss_abs_diff"] = abs(res["checks"]["first_loss_pycyxwiz"] - res["checks"]["first_loss_torch"])
     return res
+
+
+def rel_rms(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.sqrt(np.mean((a - b) ** 2)) / max(1e-30, float(np.sqrt(np.mean(b ** 2)))))
+
+
+def amp_check(cx, name, batch, pool, args, device):
+    """--amp: one mixed-precision step of pycyxwiz on the GPU against its CPU autocast path, same weights and
+    batch. Both multiply the same 16-bit values with float32 accumulation, in other orders; a hidden unit on a
+    16-bit rounding tie may round the other way, so the bound is on the relative rms difference, not the max."""
+    dtype = CX_AMP[args.amp]
+    worst, lines = 0.0, []
+    x, y = pool[0]
+    runs = {}
+    for where in ("gpu", "cpu"):
+        model, lossfn, _ = build_cx(cx, MODELS[name], args.seed)
+        if where == "gpu":
+            model.to(device)
+        with cx.autocast(dtype):
+            out = model.forward(x)
+        loss = lossfn.forward(out, y)
+        model.backward(lossfn.backward(out, y))
+        runs[where] = ([loss], [np.asarray(g) for g in model.gradients()])
+    pairs = [("loss", runs["gpu"][0][0], runs["cpu"][0][0])]
+    pairs += [(f"gradient {i}", g, c) for i, (g, c) in enumerate(zip(runs["gpu"][1], runs["cpu"][1]))]
+    for what, got, want in pairs:
+        d = rel_rms(got, want)
+        worst = max(worst, d)
+        lines.append(f"{what} {d:.2e}")
+    case = "PASS" if worst <= AMP_CHECK_RMS else "FAIL (amp check)"
+    return {"worst_rel_rms": worst, "details": lines,
+            "verdict": {"case": case, "line": f"{args.amp} GPU vs CPU autocast, relative rms: " + ", ".join(lines)}}
 
 
 # ----------------------------------------------------------------- report
@@ -426,6 +471,8 @@ def parse_args(argv=None):
     p.add_argument("--pool", type=int, default=16, help="distinct batches drawn up front and cycled (default 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tf32", action="store_true", help="TF32 tensor cores for matrix products in both frameworks")
+    p.add_argument("--amp", choices=["bf16"], default=None,
+                   help="mixed precision in both frameworks (cx.autocast / torch.autocast, bfloat16)")
     p.add_argument("--no-torch-default", action="store_true", help="skip torch.optim.Adam as usually written")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round, few steps")
     p.add_argument("--tag", default=None, help="result file name gpu_step_<tag>.{md,json,png} (default: the GPU's name)")
@@ -492,12 +539,15 @@ def main(argv=None):
     rep.append(f"pycyxwiz  {cx.__version__}: CUDA {info.get('cuda_version')}, cuBLAS {info.get('cublas_version')}, "
                f"NCCL {info.get('nccl_version')}, architectures {info.get('cuda_architectures')}")
     rep.append(f"torch     {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})")
-    rep.append(f"settings  TF32 {'on' if args.tf32 else 'off'} in both; inputs {args.inputs}; Adam lr {LR}; "
+    precision = f"mixed precision {args.amp} (autocast)" if args.amp else "float32"
+    rep.append(f"settings  TF32 {'on' if args.tf32 else 'off'} in both; {precision} in both; inputs {args.inputs}; "
+               f"Adam lr {LR}; "
                f"data randn({args.rows}, 784) + randint(0, {CLASSES}), seed {args.seed}, {args.pool} batches cycled")
     plan = "; ".join(f"{m}: {args.plan[m][0]} rounds x ({args.plan[m][1]} warm-up + {args.plan[m][2]} timed + "
                      f"{args.plan[m][2]} loop steps)" for m in args.models)
     rep.append(f"timing    {plan}; frameworks alternate by round" if torch_gpu else f"timing    not run: {torch_why}")
-    rep.append("lockstep  " + ("skipped (--no-drift)" if args.no_drift else "; ".join(
+    rep.append("lockstep  " + ("skipped (--no-drift)" if args.no_drift else
+                               f"the amp check: one {args.amp} step, GPU vs CPU autocast" if args.amp else "; ".join(
         f"{m}: {args.drift_plan[m][0]} steps, checkpoints at 1 and every {args.drift_plan[m][1]}" for m in args.models)
         + ("" if torch_gpu else "; no torch GPU: limited verdict")
         + (f"; PLANTED BUG: ours GPU's parameters x (1 +- {args.plant_bug[0]:g}) after step {args.plant_bug[1]}"
@@ -528,7 +578,16 @@ def main(argv=None):
             # within rounding of zero between two GEMM orders (seen under the emulator: 784-4096-4096-10's
             # first gradients 1e-2 apart in a few rows, pair by pair at random), and a ratio of such rare
             # events tells no bug from chance.
-            if not args.no_drift and batch == min(args.batches):
+            if not args.no_drift and args.amp and batch == min(args.batches):
+                gc.collect()
+                try:
+                    res["drift"] = amp_check(cx, name, batch, numpy_pool(args, batch), args, device)
+                    log(f"  amp check: {res['drift']['verdict']['case']}: {res['drift']['verdict']['line']}")
+                except Exception as e:
+                    log(f"  amp check FAILED: {type(e).__name__}: {e}")
+                    res["drift"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
+                                    "verdict": {"case": "ERROR", "line": "The amp check did not finish; no verdict."}}
+            elif not args.no_drift and batch == min(args.batches):
                 gc.collect()
                 try:
                     res["drift"] = lockstep_drift(cx, torch, name, batch, numpy_pool(args, batch), args, device, dev_index,
@@ -569,7 +628,10 @@ def main(argv=None):
                 problems.append(f"- {res['model']} batch {res['batch']}, {v}: {e['error']}")
         if "error" in res.get("drift", {}):
             problems.append(f"- {res['model']} batch {res['batch']}, lockstep check: {res['drift']['error']}")
-    if not args.no_drift:
+    if not args.no_drift and args.amp:
+        body.append("\n## Amp check\n")
+        body += [f"- {r['model']} batch {r['batch']}: {r['drift']['verdict']['line']}" for r in results if "drift" in r]
+    elif not args.no_drift:
         body += drift_section(results, torch_why)
         verdicts = [(r, r["drift"]["verdict"]) for r in results if "drift" in r]
         body.append("## Verdict\n")

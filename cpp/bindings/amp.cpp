@@ -62,7 +62,7 @@ LinearModule multiplies 16-bit copies of its input and weight with float32 accum
 16-bit input for backward (half the activation memory); parameters, gradients, optimizer state,
 losses and softmax stay float32. dtype: "bfloat16" (or "bf16") or "float16" ("fp16": pair it with
 cx.GradScaler). enabled=False switches autocast off inside an autocast region. The state is per thread.
-CPU models only in this version.)doc")
+CPU and GPU models (on a GPU: cuBLASLt matmuls of the 16-bit copies, float32 accumulation).)doc")
       .def(py::init([](py::handle dtype, bool enabled) {
              return AutocastContext{{enabled, parseAutocastDtype(dtypeArgument(dtype), "cx.autocast")}, {}};
            }),
@@ -110,9 +110,9 @@ gradients; a skipped step zeroes them too) and every rank takes the same decisio
         if (py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value)) {
           return py::float_(value.cast<double>() * self.scale());  // a loss value, as torch's scale(loss)
         }
-        return bindings::toNumpy(self.scale(bindings::floatTensor(value, "GradScaler.scale")));
-      }, py::arg("loss_grad"), "The loss gradient (an array: pass the result to backward), or a loss value, times "
-         "the current scale.")
+        return bindings::toPython(self.scale(bindings::floatTensor(value, "GradScaler.scale")));
+      }, py::arg("loss_grad"), "The loss gradient (an array, or a GPU cx.Tensor that stays on the GPU: pass the "
+         "result to backward), or a loss value, times the current scale.")
       .def("unscale_", [](GradScaler& self, SequentialModel& model) {
         ModelGradients grads(model);
         BlockingCall unlocked;

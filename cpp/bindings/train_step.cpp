@@ -24,7 +24,8 @@ step waits for nothing; loss() and accuracy() read them.
 
 cuda_graphs=True (GPU models): the first batch runs eagerly, the second is captured into a CUDA graph,
 and every later batch of that size replays it as one launch. Ignored, with a notice, where the step
-cannot be captured (CPU model, CPU backend with several ranks, check_gradients).)doc")
+cannot be captured (CPU model, CPU backend with several ranks, check_gradients, a GradScaler:
+mixed_precision='fp16'); mixed_precision='bf16' is captured.)doc")
       .def(py::init([](DistributedDataParallel& ddp, std::shared_ptr<nn::Loss> loss,
                        std::shared_ptr<nn::Optimizer> optimizer, bool cudaGraphs,
                        std::optional<std::string> mixedPrecision, std::shared_ptr<nn::GradScaler> scaler) {
@@ -33,7 +34,7 @@ cannot be captured (CPU model, CPU backend with several ranks, check_gradients).
              std::unique_ptr<TrainStep> step;
              {
                bindings::BlockingCall unlocked;
-               step.reset(new TrainStep(ddp, std::move(loss), std::move(optimizer), cudaGraphs && !mixed, "TrainStep"));
+               step.reset(new TrainStep(ddp, std::move(loss), std::move(optimizer), cudaGraphs, "TrainStep"));
                step->setMixedPrecision(mixed, mixed == DType::Float16 ? scaler : nullptr);
              }
              return bindings::WaitingHolder<TrainStep>(step.release());

@@ -19,7 +19,7 @@
 namespace cyxwiz::cuda {
 
 // Bumped on any change below; _core refuses a library of another version.
-constexpr int kApiVersion = 8;
+constexpr int kApiVersion = 9;
 
 using Status = std::string;  // empty: success
 
@@ -136,6 +136,31 @@ class Api {
   // takes scale 1. The bits equal the host's conversions (cyxwiz/tensor/half.h).
   virtual Status convertFloats(int dev, const void* in, ElemType inType, void* out, ElemType outType, int64_t n,
                                float scale) noexcept = 0;
+
+  // ---- mixed precision (autocast, nn/autocast.h): 16-bit operands, float32 results ----
+  // `type` is ElemType::Float16 or BFloat16 for every 16-bit buffer of a call (uint16_t elements,
+  // written by convertFloats). The GEMMs are cuBLASLt matmuls with CUBLAS_COMPUTE_32F: products of
+  // the 16-bit values accumulated in float32 (tensor cores), as the CPU path (nn/linear16.cpp)
+  // accumulates the exactly widened values.
+  // C (float32) = alpha * op(A) op(B) + beta * C, row-major as gemm, A and B 16-bit.
+  virtual Status gemm16(int dev, ElemType type, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+                        float alpha, const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
+                        int64_t ldc) noexcept = 0;
+  // linearForward with x (rows, in) and w (out, in) 16-bit; bias and y float32. One cuBLASLt matmul
+  // with a BIAS / RELU_BIAS epilogue where cuBLASLt offers one, else bias, gemm16 and ReLU kernels.
+  virtual Status linearForward16(int dev, ElemType type, const void* x, const void* w, const float* bias, float* y,
+                                 int64_t rows, int64_t in, int64_t out, bool relu) noexcept = 0;
+  // dx = x > 0 ? g : 0 with x the 16-bit copy a ReLU kept (its sign after rounding, as on the CPU).
+  virtual Status reluBackward16(int dev, ElemType type, const void* x, const float* g, float* dx,
+                                int64_t n) noexcept = 0;
+  // out[j] += sum_r widen(g[r, j]), g (rows, cols) 16-bit: a bias gradient from the rounded gradient.
+  virtual Status addColumnSums16(int dev, ElemType type, const void* g, float* out, int64_t rows,
+                                 int64_t cols) noexcept = 0;
+  // out = in * factor (in place when out == in); when `nonFinite` (a float in dev's memory) is not
+  // null, it is set to 1 if any result is Inf or NaN and left alone otherwise (GradScaler's unscale
+  // and check: the caller zeroes it once, scales every gradient, reads it back once).
+  virtual Status scaleFloats(int dev, const float* in, float* out, int64_t n, float factor,
+                             float* nonFinite) noexcept = 0;
 
   // ---- fused optimizers, all `count` parameters in one launch (formulas as nn/sgd.cpp, nn/adam.cpp) ----
   // The per-step scalars come either as arguments or, when `scalars` is not null, from device memory

@@ -58,6 +58,16 @@ class ApiImpl final : public Api {
   Status convertFloats(int dev, const void* in, ElemType inType, void* out, ElemType outType, int64_t n,
                        float scale) noexcept override;
 
+  Status gemm16(int dev, ElemType type, bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha,
+                const void* a, int64_t lda, const void* b, int64_t ldb, float beta, float* c,
+                int64_t ldc) noexcept override;
+  Status linearForward16(int dev, ElemType type, const void* x, const void* w, const float* bias, float* y,
+                         int64_t rows, int64_t in, int64_t out, bool relu) noexcept override;
+  Status reluBackward16(int dev, ElemType type, const void* x, const float* g, float* dx, int64_t n) noexcept override;
+  Status addColumnSums16(int dev, ElemType type, const void* g, float* out, int64_t rows,
+                         int64_t cols) noexcept override;
+  Status scaleFloats(int dev, const float* in, float* out, int64_t n, float factor, float* nonFinite) noexcept override;
+
   Status sgdStep(int dev, const OptimizerTensor* tensors, int count, float lr, float momentum, float weightDecay,
                  bool nesterov, const float* scalars) noexcept override;
   Status adamStep(int dev, const OptimizerTensor* tensors, int count, float stepSize, float b1, float b2, float eps,

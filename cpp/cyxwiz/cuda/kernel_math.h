@@ -32,9 +32,6 @@ CX_HD inline void broadcastRowsElement(const float* row, float* out, int64_t i, 
   out[i] = row[i % cols];
 }
 
-// addColumnSums: the element of row r that column col sums.
-CX_HD inline float columnElement(const float* g, int64_t r, int64_t col, int64_t cols) { return g[r * cols + col]; }
-
 CX_HD inline void multiplyElement(const float* a, const float* b, float* out, int64_t i) { out[i] = a[i] * b[i]; }
 
 constexpr float kInvSqrt2 = 0.70710678118654752f;
@@ -205,6 +202,30 @@ CX_HD inline void narrowElement(const float* in, uint16_t* out, int64_t i, float
 template <ElemType T>
 CX_HD inline void widenElement(const uint16_t* in, float* out, int64_t i) {
   out[i] = T == ElemType::BFloat16 ? bfloat16Value(in[i]) : halfValue(in[i]);
+}
+
+// ---- autocast and GradScaler (kernels_mixed.cu, and the 16-bit column sums of kernels_elementwise.cu) ----
+
+// An element of a 16-bit (T = Float16 / BFloat16) or float32 (T = Float32) buffer, as float32: exact.
+template <ElemType T>
+CX_HD inline float loadFloat(const void* p, int64_t i) {
+  if constexpr (T == ElemType::Float32) return static_cast<const float*>(p)[i];
+  const uint16_t v = static_cast<const uint16_t*>(p)[i];
+  return T == ElemType::BFloat16 ? bfloat16Value(v) : halfValue(v);
+}
+
+// ReLU's backward from the 16-bit copy forward kept: the mask is that copy's sign (nn/relu.cpp's maskFrom16).
+template <ElemType T>
+CX_HD inline void reluBackward16Element(const uint16_t* x, const float* g, float* dx, int64_t i) {
+  dx[i] = loadFloat<T>(x, i) > 0.0f ? g[i] : 0.0f;
+}
+
+// out[i] = in[i] * factor; true when the result is Inf or NaN (an exponent of all ones), as
+// nn/grad_scaler.cpp's unscaleInPlace.
+CX_HD inline bool scaleElement(const float* in, float* out, int64_t i, float factor) {
+  const float v = mulRn(in[i], factor);
+  out[i] = v;
+  return (bitsOfFloat(v) & 0x7f800000u) == 0x7f800000u;
 }
 
 // ---- kernels_loss.cu: the per-element pieces of the row reductions ----

@@ -19,12 +19,14 @@ __global__ void broadcastRowsKernel(const float* row, float* out, int64_t total,
 
 // A 32-column tile per block; its kColumnSumRows thread rows each sum a strided subset of the rows
 // (coalesced across the warp), then one thread per column adds the partials in a fixed order.
-__global__ void addColumnSumsKernel(const float* g, float* out, int64_t rows, int64_t cols) {
+// T: the elements' type (Float32, or a 16-bit copy under autocast).
+template <ElemType T>
+__global__ void addColumnSumsKernel(const void* g, float* out, int64_t rows, int64_t cols) {
   __shared__ float partial[kColumnSumRows][33];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float sum = 0.0f;
   if (col < cols) {
-    for (int64_t r = threadIdx.y; r < rows; r += kColumnSumRows) sum += columnElement(g, r, col, cols);
+    for (int64_t r = threadIdx.y; r < rows; r += kColumnSumRows) sum += loadFloat<T>(g, r * cols + col);
   }
   partial[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
@@ -67,7 +69,16 @@ void launchBroadcastRows(cudaStream_t s, const float* row, float* out, int64_t r
 
 void launchAddColumnSums(cudaStream_t s, const float* g, float* out, int64_t rows, int64_t cols) {
   const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
-  addColumnSumsKernel<<<blocks, dim3(32, kColumnSumRows), 0, s>>>(g, out, rows, cols);
+  addColumnSumsKernel<ElemType::Float32><<<blocks, dim3(32, kColumnSumRows), 0, s>>>(g, out, rows, cols);
+}
+
+void launchAddColumnSums16(cudaStream_t s, ElemType type, const uint16_t* g, float* out, int64_t rows, int64_t cols) {
+  const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
+  if (type == ElemType::BFloat16) {
+    addColumnSumsKernel<ElemType::BFloat16><<<blocks, dim3(32, kColumnSumRows), 0, s>>>(g, out, rows, cols);
+  } else {
+    addColumnSumsKernel<ElemType::Float16><<<blocks, dim3(32, kColumnSumRows), 0, s>>>(g, out, rows, cols);
+  }
 }
 
 void launchMultiply(cudaStream_t s, const float* a, const float* b, float* out, int64_t n) {

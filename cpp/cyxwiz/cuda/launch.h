@@ -64,6 +64,15 @@ void launchDropout(cudaStream_t s, const float* x, float* y, float* mask, int64_
 void launchNarrowFloats(cudaStream_t s, const float* in, uint16_t* out, int64_t n, ElemType wire, float scale);
 void launchWidenFloats(cudaStream_t s, const uint16_t* in, float* out, int64_t n, ElemType wire);
 
+// ---- autocast and GradScaler: `type` is ElemType::Float16 or BFloat16 ----
+
+// kernels_elementwise.cu: addColumnSums over widen(g).
+void launchAddColumnSums16(cudaStream_t s, ElemType type, const uint16_t* g, float* out, int64_t rows, int64_t cols);
+// kernels_mixed.cu
+void launchReluBackward16(cudaStream_t s, ElemType type, const uint16_t* x, const float* g, float* dx, int64_t n);
+// out = in * factor; *nonFinite = 1 where a result is Inf/NaN (nonFinite may be null).
+void launchScaleFloats(cudaStream_t s, const float* in, float* out, int64_t n, float factor, float* nonFinite);
+
 // ---- kernels_loss.cu ----
 
 void launchSoftmaxForward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols);

@@ -60,9 +60,15 @@ void TrainStep::run(const Tensor& x, const Tensor& y) {
 }
 
 void TrainStep::setMixedPrecision(std::optional<DType> dtype, std::shared_ptr<nn::GradScaler> scaler) {
-  CYX_CHECK(!(dtype || scaler) || ddp_.model()->device().type == DeviceType::CPU, who_, ": mixed precision runs on the "
-            "CPU only in this version and the model is on ", ddp_.model()->device().str(), "; train it in float32 "
-            "(mixed_precision=None); the GPU path (cuBLASLt with 16-bit inputs) comes later");
+  if (scaler && scaler->enabled() && graph_) {
+    // The skip-or-step verdict of dynamic loss scaling is read back to the host every step; a graph
+    // replays without the host. bf16 needs no loss scaling and keeps the graph.
+    if (graph_->replays() > 0) graph_->finish();
+    graph_.reset();
+    logNotice(who_ + ": cuda_graphs=True is ignored with a GradScaler (mixed_precision='fp16'): its Inf/NaN check "
+              "reads the gradients' verdict back to the host at every step, which a CUDA graph cannot contain; use "
+              "mixed_precision='bf16' (no loss scaling) to keep the graph; training without graphs");
+  }
   autocast_ = dtype;
   scaler_ = std::move(scaler);
 }

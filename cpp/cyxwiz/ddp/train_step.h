@@ -40,7 +40,8 @@ class TrainStep {
   // Mixed precision from the next step on: forward under autocast(*dtype) (nullopt: float32), and,
   // with a scaler, the loss gradient scaled and the optimizer step taken through it (skipped, with
   // the gradients zeroed, where they hold Inf/NaN; the same on every rank) then scaler->update().
-  // CPU models only, as autocast.
+  // On a GPU too; a graphed step stays graphed under autocast alone, and is dropped (with a notice:
+  // steps run eagerly) with a GradScaler, whose verdict is read on the host every step.
   void setMixedPrecision(std::optional<DType> dtype, std::shared_ptr<nn::GradScaler> scaler);
   // One step on x (rows, features) float32 and its targets, on the host or the model's device. The
   // targets are checked on the host first (labels in range), so the step itself never reads back.

@@ -146,7 +146,7 @@ TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
   double samples = 0.0, trainSeconds = 0.0;
   model_->train();
   // One step for the whole fit: with cuda_graphs its graph is captured once and replayed every epoch.
-  TrainStep step(*ddp_, loss_, optimizer_, config.cudaGraphs && !mixed, "DistributedTrainer.fit");
+  TrainStep step(*ddp_, loss_, optimizer_, config.cudaGraphs, "DistributedTrainer.fit");
   mixedPrecision_ = config.mixedPrecision;
   if (mixed == DType::Float16 && !scaler_) scaler_ = std::make_shared<nn::GradScaler>();
   step.setMixedPrecision(mixed, mixed == DType::Float16 ? scaler_ : nullptr);

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/ops16.h"
 #include "cyxwiz/tensor/convert16.h"
 
 namespace cyxwiz::nn {
@@ -65,8 +66,13 @@ Tensor narrowActivation(const Tensor& x, DType dtype, bool offer) {
     tOffer = Offer{};
     return copy;
   }
-  Tensor copy = Tensor::empty(x.shape(), dtype);
-  narrowFloats(x.data<float>(), static_cast<uint16_t*>(copy.rawData()), x.numel(), dtype);
+  Tensor copy;
+  if (x.isCuda()) {
+    copy = ops::narrowOnDevice(x, dtype);  // a cast kernel on the device's compute stream
+  } else {
+    copy = Tensor::empty(x.shape(), dtype);
+    narrowFloats(x.data<float>(), static_cast<uint16_t*>(copy.rawData()), x.numel(), dtype);
+  }
   if (offer) {
     tOffer = Offer{x.storage(), x.rawData(), x.shape(), copy};
   } else {

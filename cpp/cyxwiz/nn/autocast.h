@@ -19,8 +19,11 @@
 // the threads the engine starts (communication, BLAS) compute no layers. Outside every guard nothing
 // changes: float32 results are bit-identical to a build without autocast.
 //
-// GPU models are refused (LinearModule on a CUDA device names the fix); the GPU path, cuBLASLt with
-// 16-bit inputs and CUBLAS_COMPUTE_32F, comes later.
+// On a GPU the same happens on the device: the 16-bit copies are made by a cast kernel (the same
+// rounding, bit for bit), the GEMMs are cuBLASLt matmuls with 16-bit A/B and CUBLAS_COMPUTE_32F
+// (tensor cores, float32 accumulation; the bias and ReLU in the matmul's epilogue), and the layer also
+// keeps the 16-bit weight copy its forward made for backward's dx (so the weight is cast once a step).
+// The results equal the CPU path's up to the order of the float32 additions.
 #pragma once
 
 #include <optional>
@@ -57,7 +60,7 @@ class AutocastGuard {
   AutocastState previous_;
 };
 
-// The 16-bit copy of a float32 activation `x` (CPU), for a module to keep for backward. A ReLU fused
+// The 16-bit copy of a float32 activation `x` (on x's device), for a module to keep for backward. A ReLU fused
 // behind a LinearModule makes it from the Linear's output and offers it here; the next LinearModule,
 // asking for the copy of that same tensor, gets the very copy instead of making another, so the pair
 // keeps one 16-bit activation (2 bytes an element where float32 training keeps 4). One offer is

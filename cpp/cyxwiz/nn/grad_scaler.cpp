@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/ops16.h"
 
 namespace cyxwiz::nn {
 
@@ -24,11 +25,13 @@ bool unscaleInPlace(float* g, int64_t n, float factor) {
 bool ModelGradients::unscale(float factor) {
   model_.guardGradients(SequentialModel::GradientUse::Read);  // waits for DDP's in-flight all-reduces, if any
   bool finite = true;
-  for (Parameter* p : model_.parameters()) {
-    CYX_CHECK(!p->grad.isCuda(), "GradScaler: the gradients of ", p->name, " are on ", p->grad.device().str(),
-              "; loss scaling runs on the CPU only in this version (as autocast does): train the GPU model in float32");
-    finite = unscaleInPlace(p->grad.data<float>(), p->grad.numel(), factor) && finite;
+  const std::vector<Parameter*> params = model_.parameters();
+  if (!params.empty() && params.front()->grad.isCuda()) {  // a model lives on one device
+    std::vector<ops::FloatSpan> spans;
+    for (Parameter* p : params) spans.push_back({p->grad.deviceData<float>(), p->grad.numel()});
+    return ops::unscaleOnDevice(params.front()->grad.device().index, spans, factor);
   }
+  for (Parameter* p : params) finite = unscaleInPlace(p->grad.data<float>(), p->grad.numel(), factor) && finite;
   return finite;
 }
 
@@ -51,10 +54,14 @@ void GradScaler::check(const GradScalerState& s, const char* who) {
 
 Tensor GradScaler::scale(const Tensor& lossGradient) const {
   if (!enabled_) return lossGradient;
-  CYX_CHECK(lossGradient.dtype() == DType::Float32 && !lossGradient.isCuda(), "GradScaler.scale: expected a float32 "
-            "loss gradient on the CPU, got ", dtypeName(lossGradient.dtype()), " on ", lossGradient.device().str());
-  Tensor out = Tensor::empty(lossGradient.shape());
+  CYX_CHECK(lossGradient.dtype() == DType::Float32, "GradScaler.scale: expected a float32 loss gradient, got ",
+            dtypeName(lossGradient.dtype()), " on ", lossGradient.device().str());
+  Tensor out = Tensor::empty(lossGradient.shape(), DType::Float32, lossGradient.device());
   const float s = static_cast<float>(state_.scale);
+  if (lossGradient.isCuda()) {  // the same float32 product, on the device
+    ops::scaleOnDevice(out.device().index, lossGradient.deviceData<float>(), out.deviceData<float>(), out.numel(), s);
+    return out;
+  }
   const float* in = lossGradient.data<float>();
   float* o = out.data<float>();
   for (int64_t i = 0; i < out.numel(); ++i) o[i] = in[i] * s;

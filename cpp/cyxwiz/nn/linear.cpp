@@ -4,6 +4,7 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/ops.h"
+#include "cyxwiz/device/ops16.h"
 #include "cyxwiz/nn/autocast.h"
 #include "cyxwiz/nn/linear16.h"
 #include "cyxwiz/tensor/random.h"
@@ -70,29 +71,57 @@ Tensor LinearModule::backward(const Tensor& gradOutput) {
 
 // Under autocast (nn/autocast.h): 16-bit input and weight, float32 accumulation; the 16-bit input is kept.
 Tensor LinearModule::forward16(const Tensor& input, bool relu, DType dtype) {
-  if (weight_.value.isCuda()) {
-    throw InvalidArgument(makeString(repr(), " on ", weight_.value.device().str(), ": autocast (mixed precision) runs "
-                                     "on the CPU only in this version; train this GPU model in float32 (leave "
-                                     "cx.autocast / mixed_precision off) or move the model to the CPU"));
+  const Device device = weight_.value.device();
+  input_ = Tensor();  // the last step's copies go before this step's buffers are made: a lower peak
+  weight16_ = Tensor();
+  // The copy a fused ReLU before us made, if any (numpy input of a GPU layer: copied once, here).
+  const Tensor x16 = narrowActivation(input.to(device), dtype);
+  const float* bias = hasBias_ ? bias_.value.deviceData<float>() : nullptr;
+  Tensor output = Tensor::empty({x16.size(0), out_}, DType::Float32, device);
+  if (device.type == DeviceType::CUDA) {
+    // The weight's 16-bit copy (a cast kernel), kept for backward's dx: cast once a step.
+    weight16_ = ops::narrowOnDevice(weight_.value, dtype);
+    ops::linearForward16(x16, weight16_, bias, output, relu);
+  } else {
+    linearForward16(x16, weight_.value.data<float>(), bias, output.data<float>(), out_, relu);
   }
-  input_ = Tensor();  // the last step's copy goes before this step's buffers are made: a lower peak
-  const Tensor x16 = narrowActivation(input, dtype);  // the copy a fused ReLU before us made, if any
-  Tensor output = Tensor::empty({x16.size(0), out_});
-  linearForward16(x16, weight_.value.data<float>(), hasBias_ ? bias_.value.data<float>() : nullptr,
-                  output.data<float>(), out_, relu);
   input_ = x16;
   return output;
 }
 
 Tensor LinearModule::backward16(const Tensor& gradOutput) {
-  CYX_CHECK(!weight_.value.isCuda() && !gradOutput.isCuda(), repr(), ".backward: a 16-bit (autocast) forward's "
-            "backward runs on the CPU only");
   const DType dtype = input_.dtype();
+  if (input_.isCuda()) return backward16Gpu(gradOutput, dtype);
+  CYX_CHECK(!weight_.value.isCuda() && !gradOutput.isCuda(), repr(), ".backward: the 16-bit (autocast) forward ran "
+            "on the CPU and the gradient or the weight is on a GPU; run forward and backward on one device");
   const Tensor gr = roundGradient16(gradOutput, dtype);
   linearParamGrads16(input_, gr, weight_.grad.data<float>(), hasBias_ ? bias_.grad.data<float>() : nullptr);
   gradsReady();
   if (!needInputGrad_) return Tensor();
   return linearInputGrad16(gr, weight_.value.data<float>(), in_, dtype);
+}
+
+// As the CPU's backward16, on the device: the gradient rounded once into a 16-bit buffer (a cast
+// kernel), the operand of both GEMMs and the bias gradient's column sums.
+Tensor LinearModule::backward16Gpu(const Tensor& gradOutput, DType dtype) {
+  const Device device = input_.device();
+  const int64_t batch = input_.size(0);
+  const Tensor g16 = ops::narrowOnDevice(gradOutput.to(device), dtype);
+  // dW += g16^T x16 ; db += colsum(g16)
+  ops::gemm16(device, dtype, true, false, out_, in_, batch, 1.0f, g16, out_, input_, in_, 1.0f,
+              weight_.grad.deviceData<float>(), in_);
+  if (hasBias_) ops::addColumnSums16(g16, bias_.grad.deviceData<float>());
+  gradsReady();
+  const Tensor w16 = std::move(weight16_);  // released when this returns, whatever it returns
+  weight16_ = Tensor();
+  if (!needInputGrad_) return Tensor();
+  CYX_CHECK(w16.defined(), repr(), ".backward: the 16-bit weight copy of the autocast forward is gone (a second "
+            "backward after one forward?); run forward again before backward");
+  // dx = g16 w16
+  Tensor gradInput = Tensor::empty({batch, in_}, DType::Float32, device);
+  ops::gemm16(device, dtype, false, false, batch, in_, out_, 1.0f, g16, out_, w16, in_, 0.0f,
+              gradInput.deviceData<float>(), in_);
+  return gradInput;
 }
 
 std::vector<Parameter*> LinearModule::parameters() {

@@ -29,22 +29,29 @@ class LinearModule : public Module {
   void resetParameters();
 
   std::vector<Tensor> savedTensors() const override {
-    if (!input_.defined()) return {};
-    return {input_};
+    std::vector<Tensor> saved;
+    if (input_.defined()) saved.push_back(input_);
+    if (weight16_.defined()) saved.push_back(weight16_);
+    return saved;
   }
 
  protected:
-  void clearCache() override { input_ = Tensor(); }
+  void clearCache() override {
+    input_ = Tensor();
+    weight16_ = Tensor();
+  }
 
  private:
   // Under autocast (nn/autocast.h): 16-bit operands, float32 accumulation, the 16-bit input kept.
   Tensor forward16(const Tensor& input, bool relu, DType dtype);
   Tensor backward16(const Tensor& gradOutput);
+  Tensor backward16Gpu(const Tensor& gradOutput, DType dtype);
 
   int64_t in_, out_;
   bool hasBias_;
   Parameter weight_, bias_;
   Tensor input_;  // cached by forward: float32, or its 16-bit copy under autocast
+  Tensor weight16_;  // autocast on a GPU: the weight's 16-bit copy forward multiplied with, for dx
 };
 
 }  // namespace cyxwiz::nn

@@ -1,5 +1,6 @@
 #include "cyxwiz/nn/relu.h"
 
+#include "cyxwiz/device/ops16.h"
 #include "cyxwiz/nn/autocast.h"
 #include "cyxwiz/nn/elementwise.h"
 #include "cyxwiz/tensor/half.h"
@@ -20,11 +21,11 @@ Tensor maskFrom16(const Tensor& x16, const Tensor& g) {
 
 }  // namespace
 
-// Under autocast on the CPU the saved input is a 16-bit copy (nn/autocast.h); else what forward saw.
+// Under autocast the saved input is a 16-bit copy (nn/autocast.h), on the CPU or a GPU; else what forward saw.
 // Under autocast the last step's copy goes first, before the new one is made (a lower peak).
 Tensor ReLUModule::keep(const Tensor& x, bool offer) {
   const std::optional<DType> dtype = autocastDtype();
-  if (dtype && !x.isCuda()) {
+  if (dtype) {
     input_ = Tensor();
     return narrowActivation(x, *dtype, offer);
   }
@@ -42,6 +43,12 @@ void ReLUModule::keepOutputAsInput(const Tensor& output) { input_ = keep(output,
 Tensor ReLUModule::backward(const Tensor& gradOutput) {
   checkBackward(input_, gradOutput, input_.shape());
   if (!needInputGrad_) return Tensor();
+  if (input_.dtype() != DType::Float32 && input_.isCuda()) {
+    ops::requireSameDevice(input_, gradOutput, "ReLUModule.backward");
+    Tensor dx = Tensor::empty(gradOutput.shape(), DType::Float32, gradOutput.device());
+    ops::reluBackward16(input_, gradOutput, dx);
+    return dx;
+  }
   if (input_.dtype() == DType::BFloat16) return maskFrom16<bfloat16ToFloat>(input_, gradOutput);
   if (input_.dtype() == DType::Float16) return maskFrom16<halfToFloat>(input_, gradOutput);
   return activationGrad(input_, gradOutput, cuda::Activation::ReLU, [](float x, float g) { return x > 0.0f ? g : 0.0f; });

@@ -27,20 +27,37 @@ void launchBroadcastRows(cudaStream_t s, const float* row, float* out, int64_t r
   });
 }
 
+namespace {
+
 // Per column: kColumnSumRows float partials over the rows y, y + kColumnSumRows, ..., then added
-// in order onto out[col], as the kernel's tile.
-void launchAddColumnSums(cudaStream_t s, const float* g, float* out, int64_t rows, int64_t cols) {
+// in order onto out[col], as the kernel's tile. T: the elements' type (float32 or 16-bit).
+template <ElemType T, class E>
+void enqueueAddColumnSums(cudaStream_t s, const E* g, float* out, int64_t rows, int64_t cols) {
   cxemu::enqueue(s, "addColumnSumsKernel", {reads(g, rows * cols), writes(out, cols)}, [=] {
     for (int64_t col = 0; col < cols; ++col) {
       float total = 0.0f;
       for (int y = 0; y < kColumnSumRows; ++y) {
         float sum = 0.0f;
-        for (int64_t r = y; r < rows; r += kColumnSumRows) sum += columnElement(g, r, col, cols);
+        for (int64_t r = y; r < rows; r += kColumnSumRows) sum += loadFloat<T>(g, r * cols + col);
         total += sum;
       }
       out[col] += total;
     }
   });
+}
+
+}  // namespace
+
+void launchAddColumnSums(cudaStream_t s, const float* g, float* out, int64_t rows, int64_t cols) {
+  enqueueAddColumnSums<ElemType::Float32>(s, g, out, rows, cols);
+}
+
+void launchAddColumnSums16(cudaStream_t s, ElemType type, const uint16_t* g, float* out, int64_t rows, int64_t cols) {
+  if (type == ElemType::BFloat16) {
+    enqueueAddColumnSums<ElemType::BFloat16>(s, g, out, rows, cols);
+  } else {
+    enqueueAddColumnSums<ElemType::Float16>(s, g, out, rows, cols);
+  }
 }
 
 void launchMultiply(cudaStream_t s, const float* a, const float* b, float* out, int64_t n) {

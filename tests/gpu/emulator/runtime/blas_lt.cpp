@@ -1,17 +1,22 @@
 // TEST DOUBLE, NOT GPU SUPPORT. cuBLASLt on the host: descriptors, a heuristic that offers one
 // algorithm, and cublasLtMatmul: D = alpha op(A) op(B) + beta C (C not read when beta == 0), then the
 // epilogue: BIAS adds bias[i] to row i of D (a vector as long as D has rows), RELU clamps at 0
-// (NaN -> 0, as fmaxf), RELU_BIAS does both in that order. Emulated: float32 matrices, column order, no
-// batches, compute CUBLAS_COMPUTE_32F(_PEDANTIC) or CUBLAS_COMPUTE_32F_FAST_TF32 (inputs rounded to
-// TF32), host scalars, the DEFAULT/RELU/BIAS/RELU_BIAS epilogues. Anything else:
+// (NaN -> 0, as fmaxf), RELU_BIAS does both in that order. Emulated: float32 matrices, or A and B both
+// CUDA_R_16BF or both CUDA_R_16F with C and D float32 and compute CUBLAS_COMPUTE_32F(_PEDANTIC) (the
+// 16-bit values widened exactly to float32 on the host and multiplied as float32 ones: not the tensor
+// cores' accumulation order), column order, no batches, compute CUBLAS_COMPUTE_32F(_PEDANTIC) or
+// CUBLAS_COMPUTE_32F_FAST_TF32 (float32 inputs rounded to TF32), host scalars, the
+// DEFAULT/RELU/BIAS/RELU_BIAS epilogues. Anything else:
 // CUBLAS_STATUS_NOT_SUPPORTED (from the heuristic and from the matmul). Inconsistent shapes or leading
 // dimensions: CUBLAS_STATUS_INVALID_VALUE with an "emulator:" line.
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <cublasLt.h>
 
+#include "cyxwiz/cuda/kernel_math.h"
 #include "internal.h"
 
 struct cublasLtContext {
@@ -57,7 +62,21 @@ cublasStatus_t setValue(T* field, const void* buf, size_t size) {
 struct Shape {
   int64_t m = 0, n = 0, k = 0;
   bool ta = false, tb = false, tf32 = false;
+  cudaDataType ab = CUDA_R_32F;  // A's and B's type
 };
+
+size_t elementBytes(cudaDataType t) { return t == CUDA_R_32F ? sizeof(float) : sizeof(uint16_t); }
+
+// A column-major 16-bit matrix (rows x cols, ld) widened to float32 with the same ld: exact, with
+// the kernels' own conversions (kernel_math.h).
+std::vector<float> widened(const void* p, cudaDataType t, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(matrixBytes(rows, cols, ld) / sizeof(float));
+  const auto* in = static_cast<const uint16_t*>(p);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = t == CUDA_R_16BF ? cyxwiz::cuda::bfloat16Value(in[i]) : cyxwiz::cuda::halfValue(in[i]);
+  }
+  return out;
+}
 
 // What both the heuristic and the matmul check.
 cublasStatus_t check(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
@@ -82,10 +101,15 @@ cublasStatus_t check(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLt
   }
   if (op->biasType != -1 && op->biasType != CUDA_R_32F) return notSupported("bias type");
   for (cublasLtMatrixLayout_t l : {a, b, c, d}) {
-    if (l->type != CUDA_R_32F || l->order != CUBLASLT_ORDER_COL || l->batch != 1) {
-      return notSupported("a layout that is not float32, column order, unbatched");
-    }
+    if (l->order != CUBLASLT_ORDER_COL || l->batch != 1) return notSupported("a layout in another order or batched");
   }
+  const bool sixteen = a->type == CUDA_R_16BF || a->type == CUDA_R_16F;
+  if (!(a->type == CUDA_R_32F || sixteen) || b->type != a->type || c->type != CUDA_R_32F || d->type != CUDA_R_32F) {
+    return notSupported("layout types A " + std::to_string(a->type) + ", B " + std::to_string(b->type) + ", C " +
+                        std::to_string(c->type) + ", D " + std::to_string(d->type) + " (float32, or 16-bit A and B "
+                        "of one type with float32 C and D)");
+  }
+  if (sixteen && op->compute == CUBLAS_COMPUTE_32F_FAST_TF32) return notSupported("TF32 compute with 16-bit inputs");
   auto invalid = [](const std::string& why) {
     say("cublasLtMatmul: " + why);
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -96,6 +120,7 @@ cublasStatus_t check(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLt
   s.ta = op->transa != CUBLAS_OP_N;
   s.tb = op->transb != CUBLAS_OP_N;
   s.tf32 = op->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+  s.ab = a->type;
   s.m = static_cast<int64_t>(d->rows);
   s.n = static_cast<int64_t>(d->cols);
   const int64_t aRows = static_cast<int64_t>(s.ta ? a->cols : a->rows), aCols = static_cast<int64_t>(s.ta ? a->rows : a->cols);
@@ -276,21 +301,31 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
   const auto* bias =
       epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_RELU_BIAS ? static_cast<const float*>(computeDesc->bias)
                                                                           : nullptr;
-  const auto* a = static_cast<const float*>(A);
-  const auto* b = static_cast<const float*>(B);
   const auto* c = static_cast<const float*>(C);
   auto* d = static_cast<float*>(D);
   const int64_t lda = Adesc->ld, ldb = Bdesc->ld, ldc = Cdesc->ld, ldd = Ddesc->ld;
+  const int64_t aRows = int64_t(Adesc->rows), aCols = int64_t(Adesc->cols);
+  const int64_t bRows = int64_t(Bdesc->rows), bCols = int64_t(Bdesc->cols);
+  const size_t per = elementBytes(s.ab);  // matrixBytes counts float32 elements
   Item item;
   item.what = "cublasLtMatmul";
   if (s.k > 0 && al != 0.0f) {
-    item.accesses.push_back({A, matrixBytes(int64_t(Adesc->rows), int64_t(Adesc->cols), lda), false});
-    item.accesses.push_back({B, matrixBytes(int64_t(Bdesc->rows), int64_t(Bdesc->cols), ldb), false});
+    item.accesses.push_back({A, matrixBytes(aRows, aCols, lda) / sizeof(float) * per, false});
+    item.accesses.push_back({B, matrixBytes(bRows, bCols, ldb) / sizeof(float) * per, false});
   }
   if (be != 0.0f) item.accesses.push_back({C, matrixBytes(s.m, s.n, ldc), false});
   item.accesses.push_back({D, matrixBytes(s.m, s.n, ldd), true});
   if (bias) item.accesses.push_back({bias, size_t(s.m) * sizeof(float), false});
   item.fn = [=] {
+    const auto* a = static_cast<const float*>(A);
+    const auto* b = static_cast<const float*>(B);
+    std::vector<float> wa, wb;  // 16-bit A and B as float32, read when the matmul runs
+    if (s.ab != CUDA_R_32F && s.k > 0 && al != 0.0f) {
+      wa = widened(A, s.ab, aRows, aCols, lda);
+      wb = widened(B, s.ab, bRows, bCols, ldb);
+      a = wa.data();
+      b = wb.data();
+    }
     gemmHost(s.ta, s.tb, s.m, s.n, s.k, al, a, lda, b, ldb, be, c, ldc, d, ldd, s.tf32);
     if (!bias && !relu) return;
     for (int64_t j = 0; j < s.n; ++j) {
