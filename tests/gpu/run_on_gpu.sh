@@ -17,6 +17,7 @@
 #   SKIP_BUILD=1                use the pycyxwiz already installed
 #   PYTEST_TARGETS              what pytest runs (default tests/gpu)
 #   GPU_STEP_FULL=0             only the quick benchmark run (default: quick, then the full run)
+#   GPU_STEP_AMP=0              no mixed-precision (bf16) run of the benchmark (default: after the full run)
 #   BUNDLE=1                    keep summary.md, the pytest log and the benchmark reports, and pack the
 #                               rest into results.tar.gz (for the device tool, which returns 8 files);
 #                               default: 1 when RESULTS_DIR is $OUT, else 0
@@ -208,7 +209,7 @@ export -f build build_info environment  # run by `timeout ... bash -c NAME`
 
 # ---- the steps ----------------------------------------------------------------------------------
 echo "Budget: $BUDGET_S s for the whole run (BUDGET_S). Estimates, s: build $EST_BUILD, pytest $EST_PYTEST," \
-  "checks 3 x $EST_CHECK, probe $EST_PROBE, gpu_step quick $EST_GPU_STEP_QUICK + full $EST_GPU_STEP_FULL;" \
+  "checks 3 x $EST_CHECK, probe $EST_PROBE, gpu_step quick $EST_GPU_STEP_QUICK + full and bf16 2 x $EST_GPU_STEP_FULL;" \
   "CPU benchmarks at $CPU_RANKS ranks: allreduce $EST_ALLREDUCE, train_throughput $EST_TRAIN_THROUGHPUT," \
   "torch_backend $EST_TORCH_BACKEND. A step that would pass the budget is skipped."
 step "environment (nvidia-smi, nvcc, python, cpu)" environment.txt --est "$EST_ENVIRONMENT" --timeout 120 -- \
@@ -249,6 +250,13 @@ step "benchmarks/gpu_step.py --quick" gpu_step_quick.log --needs-build --limited
 if [ "${GPU_STEP_FULL:-1}" != 0 ]; then
   step "benchmarks/gpu_step.py (full)" gpu_step_full.log --needs-build --limited-ok --est "$EST_GPU_STEP_FULL" --timeout 1800 -- \
     "$PY" benchmarks/gpu_step.py --tag full --out-dir "$DIR"
+fi
+# Issue 27's mixed-precision figure: both frameworks under bf16 autocast (pycyxwiz: cuBLASLt with 16-bit
+# inputs), with the GPU-vs-CPU autocast check; the ratio to the full run's float32 step is the target
+# (at most 0.6x on the 20M model at batch 1024).
+if [ "${GPU_STEP_AMP:-1}" != 0 ]; then
+  step "benchmarks/gpu_step.py --amp bf16" gpu_step_amp.log --needs-build --limited-ok --est "$EST_GPU_STEP_FULL" --timeout 1800 -- \
+    "$PY" benchmarks/gpu_step.py --amp bf16 --tag amp_bf16 --out-dir "$DIR"
 fi
 
 # The CPU benchmarks that need more cores than the development machine's 2 (issue 25, item 4): one
