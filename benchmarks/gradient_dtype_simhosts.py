@@ -256,11 +256,11 @@ def worker(args):
 
 # ----------------------------------------------------------------- driver
 
-def job(hosts, ranks_per_host, worker_argv, transport, port, timeout, what):
+def job(hosts, ranks_per_host, worker_argv, transport, port, timeout, what, env=None):
     """One job of 2 x `ranks_per_host` ranks: (READY record, RESULT record) of rank 0, or raises."""
     argv = [sys.executable, os.path.abspath(__file__), *worker_argv]
     out, err = run_job(hosts, ranks_per_host, argv, port, secret="gradient-dtype-benchmark", timeout=timeout,
-                       what=what, transport=transport, error_tag=ERROR)
+                       what=what, transport=transport, error_tag=ERROR, env=env)
     for ln in err.splitlines()[-40:]:  # rank 0's log lines (round progress)
         log(f"  [rank 0] {ln}")
     lines = out.splitlines()
@@ -390,6 +390,9 @@ def main():
     p.add_argument("--ranks-per-host", type=int, default=2)
     p.add_argument("--transport", choices=["auto", "tcp"], default="auto",
                    help="auto: the default (hierarchical shm+tcp with 2+ ranks per host); tcp: the flat ring")
+    p.add_argument("--overlap", choices=["auto", "on", "off"], default="auto",
+                   help="DDP's overlap in the training job (CYXWIZ_DDP_OVERLAP): auto (the default policy: off when "
+                        "the ranks have under 2 cores each, as here), on or off")
     p.add_argument("--rate", default="1gbit", help='tbf rate on both ends of the link; "none": unshaped')
     p.add_argument("--model", default="large", choices=["small", "large"], help="benchmarks/mlp.py's MODELS")
     p.add_argument("--rounds", type=int, default=4)
@@ -441,8 +444,9 @@ def main():
                 t0 = time.monotonic()
                 wargv = ["--worker", "train", "--model", args.model, "--dtypes", *args.dtypes, "--rounds", str(args.rounds),
                          "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed)]
+                overlap = {"auto": {}, "on": {"CYXWIZ_DDP_OVERLAP": "1"}, "off": {"CYXWIZ_DDP_OVERLAP": "0"}}[args.overlap]
                 ready, result = job(hosts, args.ranks_per_host, wargv, args.transport, port, args.job_timeout,
-                                    f"training job (2x{args.ranks_per_host})")
+                                    f"training job (2x{args.ranks_per_host})", env=overlap)
                 port += 1
                 train = {"ready": ready, "sizes": MODELS[args.model], "records": summarise_train(ready, result, args)}
                 log(f"training job: {time.monotonic() - t0:.0f} s")

@@ -45,11 +45,11 @@ def load_simhosts():
     return mod.SimHosts, mod.Unavailable
 
 
-def run_job(hosts, ranks_per_host, argv, port, *, secret, timeout, what, transport="auto", error_tag=None):
+def run_job(hosts, ranks_per_host, argv, port, *, secret, timeout, what, transport="auto", error_tag=None, env=None):
     """Runs `argv` as 2 x `ranks_per_host` ranks (rank r on host r // ranks_per_host, MASTER_ADDR on the
     first host; each rank told its local index and veth in SIMHOST_LOCAL / SIMHOST_VETH) and returns rank 0's
     (stdout, stderr), or raises naming the first rank that failed (its `error_tag` line from stdout, if
-    any, and its stderr's end). Every process in the hosts is killed when it ends, however it ends."""
+    any, and its stderr's end); `env`: more variables for every rank. Every process in the hosts is killed when it ends, however it ends."""
     world = 2 * ranks_per_host
     env0 = {k: v for k, v in os.environ.items()
             if not k.startswith(("CYXWIZ_", "DISTRIBUTED_")) and k not in _LAUNCH_VARS}
@@ -57,6 +57,7 @@ def run_job(hosts, ranks_per_host, argv, port, *, secret, timeout, what, transpo
                 CYXWIZ_NUM_THREADS="1", DISTRIBUTED_TIMEOUT_MS="120000", CYXWIZ_SECRET=secret)
     if transport == "tcp":
         env0["CYXWIZ_TRANSPORT"] = "tcp"
+    env0.update(env or {})
     procs, outs = [], []
     deadline = time.monotonic() + timeout
     try:
