@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 
 #include "cyxwiz/tensor/blas.h"
+#include "cyxwiz/tensor/blas16.h"
 
 namespace py = pybind11;
 
@@ -13,6 +14,10 @@ void init_info(py::module_& m) {
   // and a bad CYXWIZ_NUM_THREADS deserves its ValueError).
   static std::string threadPolicy = "BLAS threads: not configured";
   m.def("_configure_threads", []() { threadPolicy = cyxwiz::blas::configureThreadsFromEnvironment(); });
+  // oneMKL for autocast("bfloat16")'s products (tensor/blas16.h): its path from pycyxwiz/__init__.py;
+  // the switch for tests and benchmarks that compare both paths.
+  m.def("_set_blas16_library", &cyxwiz::blas16::setLibrary, py::arg("path"));
+  m.def("_set_blas16_enabled", &cyxwiz::blas16::setEnabled, py::arg("enabled"));
   m.def("build_info", []() {
     py::dict info;
     info["version"] = CYXWIZ_VERSION;
@@ -28,6 +33,7 @@ void init_info(py::module_& m) {
     info["blas"] = cyxwiz::blas::libraryInfo();
     info["blas_threads"] = cyxwiz::blas::numThreads();
     info["blas_threads_policy"] = threadPolicy;
+    info["blas16"] = cyxwiz::blas16::info();
     cudaBuildInfo(info);
     return info;
   }, "What this build contains: compiler, BLAS, CUDA/NCCL (present or not).");

@@ -51,7 +51,22 @@ from ._core import (  # noqa: F401
     set_num_threads,
     set_rng_state,
 )
-from ._core import _configure_threads
+from ._core import _configure_threads, _set_blas16_library
 from . import distributed  # noqa: F401,E402
 
 _configure_threads()  # BLAS threads: see docs/engine.md "Threads and randomness"
+
+
+def _mkl_runtime():
+    """oneMKL's runtime library from the `mkl` wheel, for autocast("bfloat16")'s products on the CPU
+    (docs/engine.md, "Mixed precision"); "" when it is not installed or CYXWIZ_MKL=0. Opened at first use."""
+    if _os.environ.get("CYXWIZ_MKL", "1").strip().lower() in ("0", "false", "no", "off"):
+        return ""
+    import glob as _glob
+    import sys as _sys
+
+    found = sorted(_glob.glob(_os.path.join(_sys.prefix, "lib", "libmkl_rt.so.*")))  # the Linux wheel's layout
+    return found[-1] if found else ""
+
+
+_set_blas16_library(_mkl_runtime())

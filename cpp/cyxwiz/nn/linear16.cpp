@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cyxwiz/tensor/blas.h"
+#include "cyxwiz/tensor/blas16.h"
 #include "cyxwiz/tensor/convert16.h"
 
 namespace cyxwiz::nn {
@@ -27,6 +28,20 @@ std::unique_ptr<float[]> buffer(int64_t floats) {
 
 const uint16_t* bits(const Tensor& t) { return static_cast<const uint16_t*>(t.rawData()); }
 
+// bfloat16 products straight from the 16-bit operands (tensor/blas16.h), when oneMKL is there.
+bool direct(DType dtype) { return dtype == DType::BFloat16 && blas16::available(); }
+
+std::unique_ptr<uint16_t[]> buffer16(int64_t n) {
+  return std::unique_ptr<uint16_t[]>(new uint16_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+}
+
+// n floats rounded into a new bfloat16 buffer (exact when they already hold bfloat16 values).
+std::unique_ptr<uint16_t[]> narrowed(const float* x, int64_t n) {
+  std::unique_ptr<uint16_t[]> out = buffer16(n);
+  narrowFloats(x, out.get(), n, DType::BFloat16);
+  return out;
+}
+
 }  // namespace
 
 void linearForward16(const Tensor& x16, const float* w, const float* bias, float* y, int64_t out, bool relu) {
@@ -36,11 +51,21 @@ void linearForward16(const Tensor& x16, const float* w, const float* bias, float
   if (bias) {
     for (int64_t r = 0; r < rows; ++r) std::copy(bias, bias + out, y + r * out);
   }
+  const int64_t step = blockRows(in);
+  if (direct(dtype)) {  // y[:, o:o+n] (+)= x16 w16[o:o+n]^T, the weight rounded a block of rows at a time
+    std::unique_ptr<uint16_t[]> wb = buffer16(std::min(step, out) * in);
+    for (int64_t o = 0; o < out; o += step) {
+      const int64_t n = std::min(step, out - o);
+      narrowFloats(w + o * in, wb.get(), n * in, dtype);
+      blas16::gemmBf16(false, true, rows, n, in, 1.0f, bits(x16), in, wb.get(), in, bias ? 1.0f : 0.0f, y + o, out);
+    }
+    if (relu) std::transform(y, y + rows * out, y, [](float v) { return v > 0.0f ? v : 0.0f; });
+    return;
+  }
   // Blocks of input rows (widened to float32) times blocks of weight rows (rounded), each about 4 MiB:
   // no float32 copy of the whole input or weight. With more than one block of input rows (large
   // batches) the weight blocks are rounded once per input block: a few extra passes over the weight,
   // against a float32 input copy as large as the activation autocast keeps in half.
-  const int64_t step = blockRows(in);
   std::unique_ptr<float[]> xr = buffer(std::min(step, rows) * in);
   std::unique_ptr<float[]> wr = buffer(std::min(step, out) * in);
   for (int64_t r = 0; r < rows; r += step) {
@@ -69,13 +94,17 @@ Tensor roundGradient16(const Tensor& g, DType dtype) {
 void linearParamGrads16(const Tensor& x16, const Tensor& gr, float* dw, float* db) {
   const int64_t rows = x16.size(0), in = x16.size(1), out = gr.size(1);
   const float* g = gr.data<float>();
-  // dW += sum over row blocks of gr[rows]^T x[rows]: the input is widened a block of rows at a time.
-  const int64_t step = blockRows(in);
-  std::unique_ptr<float[]> xr = buffer(std::min(step, rows) * in);
-  for (int64_t r = 0; r < rows; r += step) {
-    const int64_t n = std::min(step, rows - r);
-    widenFloats(bits(x16) + r * in, xr.get(), n * in, x16.dtype());
-    blas::sgemm(true, false, out, in, n, 1.0f, g + r * out, out, xr.get(), in, 1.0f, dw, in);
+  if (direct(x16.dtype())) {  // dW += g16^T x16 (gr holds bfloat16 values: narrowing it is exact)
+    blas16::gemmBf16(true, false, out, in, rows, 1.0f, narrowed(g, rows * out).get(), out, bits(x16), in, 1.0f, dw,
+                     in);
+  } else {  // dW += sum over row blocks of gr[rows]^T x[rows]: the input widened a block of rows at a time
+    const int64_t step = blockRows(in);
+    std::unique_ptr<float[]> xr = buffer(std::min(step, rows) * in);
+    for (int64_t r = 0; r < rows; r += step) {
+      const int64_t n = std::min(step, rows - r);
+      widenFloats(bits(x16) + r * in, xr.get(), n * in, x16.dtype());
+      blas::sgemm(true, false, out, in, n, 1.0f, g + r * out, out, xr.get(), in, 1.0f, dw, in);
+    }
   }
   if (db) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -88,8 +117,20 @@ void linearParamGrads16(const Tensor& x16, const Tensor& gr, float* dw, float* d
 Tensor linearInputGrad16(const Tensor& gr, const float* w, int64_t in, DType dtype) {
   const int64_t rows = gr.size(0), out = gr.size(1);
   Tensor dx = Tensor::empty({rows, in});
-  // dx = sum over blocks of weight rows [o, o + n): gr[:, o:o+n] wr[o:o+n, :]
   const int64_t step = blockRows(in);
+  if (direct(dtype)) {  // dx = sum over blocks of weight rows [o, o + n): g16[:, o:o+n] w16[o:o+n, :]
+    const std::unique_ptr<uint16_t[]> g16 = narrowed(gr.data<float>(), rows * out);  // exact: gr holds bfloat16 values
+    std::unique_ptr<uint16_t[]> wb = buffer16(std::min(step, out) * in);
+    for (int64_t o = 0; o < out; o += step) {
+      const int64_t n = std::min(step, out - o);
+      narrowFloats(w + o * in, wb.get(), n * in, dtype);
+      blas16::gemmBf16(false, false, rows, in, n, 1.0f, g16.get() + o, out, wb.get(), in, o == 0 ? 0.0f : 1.0f,
+                       dx.data<float>(), in);
+    }
+    if (out == 0) dx.fill(0.0);
+    return dx;
+  }
+  // dx = sum over blocks of weight rows [o, o + n): gr[:, o:o+n] wr[o:o+n, :]
   std::unique_ptr<float[]> wr = buffer(std::min(step, out) * in);
   for (int64_t o = 0; o < out; o += step) {
     const int64_t n = std::min(step, out - o);
