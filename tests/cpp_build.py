@@ -7,8 +7,9 @@ OpenBLAS_DIR, as a C++ user would (docs/cpp.md). Without cmake, a C++ compiler o
 tests skip, saying which is missing.
 
 CI compiles the library ahead, in the background while other tests run (`python tests/cpp_build.py
-DIR`, with CYXWIZ_CPP_PACKAGE_BUILD=DIR for the tests): the tests then wait for that build's lock and
-configure, build and install in DIR as usual, which finds everything built.
+DIR`, with CYXWIZ_CPP_PACKAGE_BUILD=DIR for the tests), installs it and builds tests/cpp's rank_checks
+against it: the tests then wait for that build's lock and configure, build and install in the same
+folders as usual, which finds everything built.
 """
 
 from __future__ import annotations
@@ -57,6 +58,16 @@ def run(cmd: list[str], cwd: Path, timeout: float) -> None:
     assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
+def prepared_build(what: str) -> Path | None:
+    """Where CI's ahead-of-time build keeps `what` ("package", "prefix" or "rank_checks"), or None
+    without CYXWIZ_CPP_PACKAGE_BUILD."""
+    given = os.environ.get("CYXWIZ_CPP_PACKAGE_BUILD")
+    if not given:
+        return None
+    base = Path(given).resolve()
+    return base if what == "package" else base.parent / f"{base.name}-{what}"
+
+
 def configure_and_build(build: Path, prefix: Path, blas: str) -> None:
     run(["cmake", "-S", str(ROOT), "-B", str(build), *generator(), "-DCMAKE_BUILD_TYPE=Release",
          f"-DOpenBLAS_DIR={blas}", f"-DCMAKE_INSTALL_PREFIX={prefix}"], build.parent, 300)
@@ -99,10 +110,9 @@ def install_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
         try:
             require_toolchain()
             blas = openblas_dir()
-            prepared = os.environ.get("CYXWIZ_CPP_PACKAGE_BUILD")
+            prepared = prepared_build("package")
             if prepared:  # built ahead by CI (see above): the same steps, found done
-                build = Path(prepared).resolve()
-                prefix = build.parent / (build.name + "-prefix")
+                build, prefix = prepared, prepared_build("prefix")
                 with _BuildLock(build, timeout=1200):
                     configure_and_build(build, prefix, blas)
             else:
@@ -138,7 +148,11 @@ def build_program(source_dir: Path, build_dir: Path, prefix: Path, target: str, 
 
 
 if __name__ == "__main__":
-    # python tests/cpp_build.py DIR: CI's build ahead of the tests (above), under DIR's lock.
-    target = Path(sys.argv[1]).resolve()
-    with _BuildLock(target, timeout=60):
-        configure_and_build(target, target.parent / (target.name + "-prefix"), openblas_dir())
+    # python tests/cpp_build.py DIR: CI's build ahead of the tests (above), under DIR's lock: the package,
+    # its install, and tests/cpp's rank_checks against it (tests/test_cpp_ranks.py).
+    os.environ["CYXWIZ_CPP_PACKAGE_BUILD"] = sys.argv[1]
+    build, prefix = prepared_build("package"), prepared_build("prefix")
+    with _BuildLock(build, timeout=60):
+        configure_and_build(build, prefix, openblas_dir())
+        run(["cmake", "--install", str(build)], build.parent, 120)
+        build_program(ROOT / "tests" / "cpp", prepared_build("rank_checks"), prefix, "rank_checks", timeout=800)

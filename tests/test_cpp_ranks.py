@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cpp_build import ROOT, build_program, install_package
+from cpp_build import ROOT, build_program, install_package, prepared_build
 from harness import Ranks, Result
 
 WORLD = 3
@@ -58,7 +58,8 @@ def rank_checks(tmp_path_factory) -> RankChecks:
         assert exe.is_file(), f"CYXWIZ_RANK_CHECKS={given}: no such file"
         return RankChecks(exe, prefix)
     package = install_package(tmp_path_factory)
-    build = tmp_path_factory.mktemp("rank_checks") / "build"
+    # CI's ahead-of-time build (tests/cpp_build.py) left it built there; otherwise a fresh folder.
+    build = prepared_build("rank_checks") or tmp_path_factory.mktemp("rank_checks") / "build"
     return RankChecks(build_program(ROOT / "tests" / "cpp", build, package, "rank_checks"), prefix)
 
 
