@@ -59,11 +59,13 @@ def epoch_lines(text: str | list[str]) -> list[str]:
     return [line for line in lines if EPOCH_LINE.search(line)]
 
 
-def check_model(path: Path, features: int = 784, classes: int = 10) -> None:
-    """The saved file loads in a single process and predicts."""
+def check_model(path: Path, features=784, classes: int = 10) -> None:
+    """The saved file loads in a single process and predicts; `features`: a row's size or a sample's shape."""
     assert path.is_file(), f"{path} was not written"
     model = cx.SequentialModel.load(str(path))
-    out = model.forward(np.random.default_rng(0).normal(size=(5, features)).astype(np.float32))
+    model.eval()
+    sample = tuple(features) if isinstance(features, tuple) else (features,)
+    out = model.forward(np.random.default_rng(0).normal(size=(5, *sample)).astype(np.float32))
     assert out.shape == (5, classes) and np.isfinite(out).all()
 
 
@@ -162,6 +164,18 @@ def test_digits_two_ranks(ranks, tmp_path):
     assert out1.strip() == "", "rank 1 printed on stdout:\n" + out1
     assert parse_test_accuracy(out0) > 0.9, out0 + err0
     check_model(tmp_path / "d.cyxmodel", features=64)
+
+
+# ---- examples/cnn_digits.py ----------------------------------------------------------------------
+
+def test_cnn_digits_two_ranks_reach_98_percent(ranks, tmp_path):
+    pytest.importorskip("sklearn", reason="examples/cnn_digits.py needs scikit-learn")
+    (out0, err0), (out1, _) = run_by_hand(ranks, 2, python("cnn_digits.py", "--epochs", "8",
+                                                           "--out", tmp_path / "cnn.cyxmodel"))
+    assert out1.strip() == "", "rank 1 printed on stdout:\n" + out1
+    assert "(N, 64, 4, 4)" in out0  # the summary's shapes
+    assert parse_test_accuracy(out0) >= 0.98, out0 + err0
+    check_model(tmp_path / "cnn.cyxmodel", features=(1, 8, 8))
 
 
 def test_digits_without_sklearn_says_so(ranks, tmp_path):

@@ -61,6 +61,9 @@ void init_ddp(py::module_& d) {
       .def(py::init<>())
       .def_readwrite("broadcast_parameters", &DDPConfig::broadcastParameters,
                      "Copy rank 0's parameters to every rank on construction (default True).")
+      .def_readwrite("broadcast_buffers", &DDPConfig::broadcastBuffers,
+                     "Send rank 0's buffers (BatchNorm's running statistics) to every rank before each training "
+                     "forward, as torch's DDP (default True).")
       .def_readwrite("bucket_size_mb", &DDPConfig::bucketSizeMb,
                      "Gradient bucket size in MiB (default 25); the first bucket is capped at 1 MiB.")
       .def_readwrite("find_unused_parameters", &DDPConfig::findUnusedParameters,
@@ -82,6 +85,7 @@ void init_ddp(py::module_& d) {
           "the all-reduce and widened back). float16 is pre-divided by the world size.")
       .def("__repr__", [](const DDPConfig& c) {
         return makeString("DDPConfig(broadcast_parameters=", c.broadcastParameters ? "True" : "False",
+                          ", broadcast_buffers=", c.broadcastBuffers ? "True" : "False",
                           ", bucket_size_mb=", c.bucketSizeMb, ", find_unused_parameters=",
                           c.findUnusedParameters ? "True" : "False", ", check_gradients=",
                           c.checkGradients ? "True" : "False", ", shard_optimizer=",

@@ -10,6 +10,7 @@
 #include "cyxwiz/comm/process_group.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/sha256.h"
+#include "cyxwiz/ddp/sync_batchnorm.h"
 #include "gil.h"
 #include "work.h"
 #include "numpy_convert.h"
@@ -159,6 +160,15 @@ of torchrun, Slurm, Open MPI and MPICH).)doc")
   d.def("get_config", [] { return currentConfig("get_config"); }, py::call_guard<BlockingCall>(),
         "The DistributedConfig of the current job.");
   d.def("get_backend", [] { return backend("get_backend")->name(); }, py::call_guard<BlockingCall>());
+  d.def("convert_sync_batchnorm", [](std::shared_ptr<cyxwiz::nn::SequentialModel> model) {
+    cyxwiz::ddp::convertSyncBatchNorm(*model);
+    return model;
+  }, py::arg("model"), R"doc(
+Makes every BatchNorm1DModule/BatchNorm2DModule of the model (inside ResidualModules too) a synchronised
+batch norm, as torch.nn.SyncBatchNorm.convert_sync_batchnorm: in training its batch statistics are those
+of every rank's rows together (all-reduced in forward and backward), so N ranks of B rows normalise as
+one process of N*B rows. Call it on every rank, before DistributedDataParallel. Returns the model.
+Without a job of more than one rank the layers use their own rows.)doc");
 
   d.def("all_reduce", [](py::object array, ReduceOp op, bool async) {
     Tensor t = inplaceTensor(array, "all_reduce");

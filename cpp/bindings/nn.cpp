@@ -2,7 +2,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "cyxwiz/nn/activations.h"
+#include "cyxwiz/nn/batchnorm.h"
+#include "cyxwiz/nn/conv2d.h"
 #include "cyxwiz/nn/dropout.h"
+#include "cyxwiz/nn/pool2d.h"
+#include "cyxwiz/nn/residual.h"
 #include "cyxwiz/nn/gelu.h"
 #include "cyxwiz/nn/linear.h"
 #include "cyxwiz/nn/relu.h"
@@ -37,6 +42,60 @@ py::list gradViews(const Params& params) {
   return out;
 }
 
+// An int or a (height, width) pair, as torch's kernel_size/stride/padding arguments.
+Pair toPair(py::handle v, const char* what) {
+  if (py::isinstance<py::int_>(v)) {
+    int64_t k = v.cast<int64_t>();
+    return {k, k};
+  }
+  auto seq = v.cast<std::vector<int64_t>>();
+  if (seq.size() != 2) throw py::value_error(std::string(what) + " must be an int or a pair (height, width)");
+  return {seq[0], seq[1]};
+}
+
+py::tuple pairTuple(const Pair& p) { return py::make_tuple(p[0], p[1]); }
+
+template <typename Named>
+py::list namedViews(const Named& named) {
+  py::list out;
+  for (const auto& [name, item] : named) out.append(py::make_tuple(name, toNumpy(item->value)));
+  return out;
+}
+
+// A model's (or module's) input shape for summary/output_shape: an int is a feature count; a tuple is
+// one sample's shape; the batch comes first as unknown.
+cyxwiz::Shape sampleShape(py::handle v) {
+  if (v.is_none()) return {};
+  if (py::isinstance<py::int_>(v)) return {-1, v.cast<int64_t>()};
+  cyxwiz::Shape shape{-1};
+  for (int64_t d : v.cast<std::vector<int64_t>>()) shape.push_back(d);
+  return shape;
+}
+
+py::tuple shapeTuple(const cyxwiz::Shape& shape) {
+  py::list out;
+  for (int64_t d : shape) {
+    if (d < 0) out.append(py::none()); else out.append(d);
+  }
+  return py::tuple(out);
+}
+
+std::shared_ptr<SequentialModel> asModel(py::handle v) {
+  if (py::isinstance<SequentialModel>(v)) return v.cast<std::shared_ptr<SequentialModel>>();
+  auto model = std::make_shared<SequentialModel>();
+  model->add(v.cast<std::shared_ptr<Module>>());
+  return model;
+}
+
+// MaxPool2DModule / AvgPool2DModule(pool_size, stride=None, padding=0).
+template <typename P>
+auto poolInit() {
+  return py::init([](py::handle pool, py::handle stride, py::handle padding) {
+    return std::make_shared<P>(toPair(pool, "pool_size"), stride.is_none() ? Pair{0, 0} : toPair(stride, "stride"),
+                               toPair(padding, "padding"));
+  });
+}
+
 constexpr const char* kViewsNote =
     " Numpy views of the live buffers: writing to them changes the model (host copies for a model on a GPU).";
 
@@ -63,6 +122,15 @@ void init_nn(py::module_& m) {
            (std::string("Gradients, in parameters() order.") + kViewsNote).c_str())
       .def("zero_grad", &Module::zeroGrad)
       .def("num_parameters", &Module::numParameters)
+      .def("named_parameters", [](Module& self) { return namedViews(self.namedParameters()); })
+      .def("buffers", [](Module& self) {
+        py::list out;
+        for (Buffer* b : self.buffers()) out.append(toNumpy(b->value));
+        return out;
+      }, "Running statistics (BatchNorm); numpy views of the live buffers.")
+      .def("named_buffers", [](Module& self) { return namedViews(self.namedBuffers()); })
+      .def("output_shape", [](const Module& self, py::handle shape) { return shapeTuple(self.outputShape(sampleShape(shape))); },
+           py::arg("input_shape"), "The output shape (None for the batch) for one sample of input_shape.")
       .def("_saved_tensors", [](const Module& self) {
         py::list out;
         for (const Tensor& t : self.savedTensors()) {
@@ -87,6 +155,67 @@ void init_nn(py::module_& m) {
       .def_property_readonly("out_features", [](const LinearModule& l) { return l.outFeatures(); })
       .def_property_readonly("bias", &LinearModule::hasBias);
   py::class_<ReLUModule, Module, std::shared_ptr<ReLUModule>>(m, "ReLUModule").def(py::init<>());
+
+  py::class_<Conv2DModule, Module, std::shared_ptr<Conv2DModule>>(m, "Conv2DModule", R"pbdoc(
+2-D convolution over (N, C, H, W), as torch.nn.Conv2d: weight (out_channels, in_channels / groups, kh, kw),
+bias (out_channels); kernel_size, stride, padding and dilation are an int or a (height, width) pair.
+)pbdoc")
+      .def(py::init([](int64_t in, int64_t out, py::handle kernel, py::handle stride, py::handle padding,
+                       py::handle dilation, int64_t groups, bool bias) {
+             return std::make_shared<Conv2DModule>(in, out, toPair(kernel, "kernel_size"), toPair(stride, "stride"),
+                                                   toPair(padding, "padding"), toPair(dilation, "dilation"), groups, bias);
+           }),
+           py::arg("in_channels"), py::arg("out_channels"), py::arg("kernel_size"), py::arg("stride") = 1,
+           py::arg("padding") = 0, py::arg("dilation") = 1, py::arg("groups") = 1, py::arg("use_bias") = true)
+      .def_property_readonly("in_channels", &Conv2DModule::inChannels)
+      .def_property_readonly("out_channels", &Conv2DModule::outChannels)
+      .def_property_readonly("kernel_size", [](const Conv2DModule& c) { return pairTuple(c.kernelSize()); })
+      .def_property_readonly("stride", [](const Conv2DModule& c) { return pairTuple(c.stride()); })
+      .def_property_readonly("padding", [](const Conv2DModule& c) { return pairTuple(c.padding()); })
+      .def_property_readonly("dilation", [](const Conv2DModule& c) { return pairTuple(c.dilation()); })
+      .def_property_readonly("groups", &Conv2DModule::groups);
+
+  py::class_<Pool2DModule, Module, std::shared_ptr<Pool2DModule>>(m, "_Pool2DModule")
+      .def_property_readonly("pool_size", [](const Pool2DModule& p) { return pairTuple(p.poolSize()); })
+      .def_property_readonly("stride", [](const Pool2DModule& p) { return pairTuple(p.stride()); })
+      .def_property_readonly("padding", [](const Pool2DModule& p) { return pairTuple(p.padding()); });
+  py::class_<MaxPool2DModule, Pool2DModule, std::shared_ptr<MaxPool2DModule>>(m, "MaxPool2DModule",
+      "Max pooling over (N, C, H, W), as torch.nn.MaxPool2d; stride=None means pool_size.")
+      .def(poolInit<MaxPool2DModule>(), py::arg("pool_size"), py::arg("stride") = py::none(), py::arg("padding") = 0);
+  py::class_<AvgPool2DModule, Pool2DModule, std::shared_ptr<AvgPool2DModule>>(m, "AvgPool2DModule",
+      "Average pooling over (N, C, H, W), as torch.nn.AvgPool2d (the zero padding counts); stride=None means pool_size.")
+      .def(poolInit<AvgPool2DModule>(), py::arg("pool_size"), py::arg("stride") = py::none(), py::arg("padding") = 0);
+  py::class_<GlobalAvgPool2DModule, Module, std::shared_ptr<GlobalAvgPool2DModule>>(m, "GlobalAvgPool2DModule",
+      "(N, C, H, W) -> (N, C): the mean of each channel's plane.")
+      .def(py::init<>());
+  py::class_<FlattenModule, Module, std::shared_ptr<FlattenModule>>(m, "FlattenModule",
+      "(N, d1, d2, ...) -> (N, d1 * d2 * ...), as torch.nn.Flatten().")
+      .def(py::init<>());
+
+  py::class_<BatchNormModule, Module, std::shared_ptr<BatchNormModule>>(m, "_BatchNormModule")
+      .def_property_readonly("num_features", &BatchNormModule::numFeatures)
+      .def_property_readonly("eps", &BatchNormModule::eps)
+      .def_property_readonly("momentum", &BatchNormModule::momentum)
+      .def_property_readonly("sync", &BatchNormModule::synchronized,
+                             "True after cx.distributed.convert_sync_batchnorm: statistics over every rank's rows.");
+  py::class_<BatchNorm1DModule, BatchNormModule, std::shared_ptr<BatchNorm1DModule>>(m, "BatchNorm1DModule",
+      "Batch normalisation over (N, C) or (N, C, L), as torch.nn.BatchNorm1d.")
+      .def(py::init<int64_t, double, double>(), py::arg("num_features"), py::arg("eps") = 1e-5, py::arg("momentum") = 0.1);
+  py::class_<BatchNorm2DModule, BatchNormModule, std::shared_ptr<BatchNorm2DModule>>(m, "BatchNorm2DModule",
+      "Batch normalisation over (N, C, H, W), as torch.nn.BatchNorm2d: running_mean, running_var and "
+      "num_batches_tracked are buffers.")
+      .def(py::init<int64_t, double, double>(), py::arg("num_features"), py::arg("eps") = 1e-5, py::arg("momentum") = 0.1);
+
+  py::class_<LeakyReLUModule, Module, std::shared_ptr<LeakyReLUModule>>(m, "LeakyReLUModule")
+      .def(py::init<double>(), py::arg("negative_slope") = 0.01)
+      .def_property_readonly("negative_slope", &LeakyReLUModule::negativeSlope);
+  py::class_<ELUModule, Module, std::shared_ptr<ELUModule>>(m, "ELUModule")
+      .def(py::init<double>(), py::arg("alpha") = 1.0)
+      .def_property_readonly("alpha", &ELUModule::alpha);
+  py::class_<SwishModule, Module, std::shared_ptr<SwishModule>>(m, "SwishModule", "x * sigmoid(x) (torch's SiLU).")
+      .def(py::init<>());
+  py::class_<MishModule, Module, std::shared_ptr<MishModule>>(m, "MishModule", "x * tanh(softplus(x)).")
+      .def(py::init<>());
   py::class_<SigmoidModule, Module, std::shared_ptr<SigmoidModule>>(m, "SigmoidModule").def(py::init<>());
   py::class_<TanhModule, Module, std::shared_ptr<TanhModule>>(m, "TanhModule").def(py::init<>());
   py::class_<GELUModule, Module, std::shared_ptr<GELUModule>>(m, "GELUModule", "Exact (erf) GELU.").def(py::init<>());
@@ -134,15 +263,21 @@ to that device in forward; outputs and gradients stay there as cx.Tensor (np.asa
         return gradViews(self.parameters());
       },
            (std::string("Gradients, in parameters() order.") + kViewsNote).c_str())
-      .def("named_parameters", [](const SequentialModel& self) {
+      .def("named_parameters", [](const SequentialModel& self) { return namedViews(self.namedParameters()); },
+           "[(\"0.weight\", array), ...] in parameters() order (torch's state_dict names).")
+      .def("buffers", [](const SequentialModel& self) {
         py::list out;
-        for (size_t i = 0; i < self.size(); ++i) {
-          for (Parameter* p : self.at(i)->parameters()) {
-            out.append(py::make_tuple(std::to_string(i) + "." + p->name, toNumpy(p->value)));
-          }
-        }
+        for (Buffer* b : self.buffers()) out.append(toNumpy(b->value));
         return out;
-      }, "[(\"0.weight\", array), ...] in parameters() order.")
+      }, (std::string("BatchNorm's running_mean, running_var, num_batches_tracked, layer by layer: saved with the "
+                      "model, never stepped by an optimizer.") + kViewsNote).c_str())
+      .def("named_buffers", [](const SequentialModel& self) { return namedViews(self.namedBuffers()); },
+           "[(\"1.running_mean\", array), ...] in buffers() order (torch's state_dict names).")
+      .def("output_shape", [](const SequentialModel& self, py::handle shape) { return shapeTuple(self.outputShape(sampleShape(shape))); },
+           py::arg("input_shape"), R"pbdoc(
+The model's output shape for one sample of input_shape (an int: a feature count; a tuple such as
+(1, 28, 28)); the batch is None. Raises ValueError naming the layer that does not take its input.
+)pbdoc")
       .def("num_parameters", &SequentialModel::numParameters)
       .def("train", &SequentialModel::train)
       .def("eval", &SequentialModel::eval)
@@ -165,8 +300,10 @@ than that forms one per pair or layer. eval() forwards are unaffected; not saved
 )pbdoc")
       .def_property_readonly("gradient_checkpointing", &SequentialModel::gradientCheckpointing,
                              "The segments set by set_gradient_checkpointing (0: off).")
-      .def("summary", [](const SequentialModel& self, std::optional<int64_t> in) { return self.summary(in.value_or(-1)); },
-           py::arg("in_features") = py::none())
+      .def("summary", [](const SequentialModel& self, py::handle in) { return self.summary(sampleShape(in)); },
+           py::arg("input_shape") = py::none(),
+           "A table of the layers, their output shapes and parameter counts; input_shape: an int (features) or "
+           "one sample's shape such as (3, 32, 32).")
       .def("save", &SequentialModel::save, py::arg("path"), py::call_guard<cyxwiz::bindings::BlockingCall>(),
            "Write a .cyxmodel file atomically (temp file + rename).")
       .def_static("load", &SequentialModel::load, py::arg("path"), py::call_guard<cyxwiz::bindings::BlockingCall>(),
@@ -177,4 +314,15 @@ than that forms one per pair or layer. eval() forwards are unaffected; not saved
         return self.at(static_cast<size_t>(i < 0 ? i + n : i));
       })
       .def("__repr__", &SequentialModel::repr);
+
+  py::class_<ResidualModule, Module, std::shared_ptr<ResidualModule>>(m, "ResidualModule", R"pbdoc(
+y = body(x) + shortcut(x); the shortcut is the identity when None. body and shortcut are a
+SequentialModel or a single module. Parameters are named body.0.weight, ..., shortcut.0.weight.
+)pbdoc")
+      .def(py::init([](py::handle body, py::handle shortcut) {
+             return std::make_shared<ResidualModule>(asModel(body), shortcut.is_none() ? nullptr : asModel(shortcut));
+           }),
+           py::arg("body"), py::arg("shortcut") = py::none())
+      .def_property_readonly("body", &ResidualModule::body)
+      .def_property_readonly("shortcut", &ResidualModule::shortcut);
 }

@@ -13,6 +13,7 @@
 #include "cyxwiz/common/env.h"
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/logging.h"
+#include "cyxwiz/ddp/sync_batchnorm.h"
 #include "cyxwiz/ddp/wire.h"
 
 namespace cyxwiz::ddp {
@@ -24,8 +25,12 @@ constexpr size_t kFirstBucketCap = 1 << 20;  // PyTorch DDP's first bucket: star
 
 double checksum(const Tensor& t) {
   const Tensor host = t.to(Device{});
-  const float* x = host.data<float>();
   double s = 0.0;
+  if (host.dtype() == DType::Int64) {  // num_batches_tracked
+    for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(host.data<int64_t>()[i]);
+    return s;
+  }
+  const float* x = host.data<float>();
   for (int64_t i = 0; i < t.numel(); ++i) s += x[i];
   return s;
 }
@@ -42,7 +47,8 @@ bool overlapPolicy(const comm::DistributedConfig& config, bool onGpu) {
 
 std::string describeSharedSettings(const DDPConfig& config) {
   return makeString("gradient_dtype=", dtypeName(config.gradientDtype),
-                    " shard_optimizer=", config.shardOptimizer ? "True" : "False");
+                    " shard_optimizer=", config.shardOptimizer ? "True" : "False",
+                    " broadcast_buffers=", config.broadcastBuffers ? "True" : "False");
 }
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialModel> model, const DDPConfig& config)
@@ -76,8 +82,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   overlap_ = overlapPolicy(backend_->config(), gpu.has_value());
   if (worldSize() > 1) {
     checkSameArchitecture();
-    if (config.broadcastParameters) broadcastParameters();
+    if (config.broadcastParameters) {
+      broadcastParameters();
+      broadcastBuffers();  // torch syncs the whole module state at construction
+    }
   }
+  installSyncBatchNorm();  // a SyncBatchNorm layer reduces its statistics over this job
   const size_t cap = static_cast<size_t>(config.bucketSizeMb * kMiB);
   // On the CPU the buckets may live in memory the other ranks of the host map: all_reduce then reads
   // them where they lie. Every rank makes the same buckets in the same order (same architecture).
@@ -165,8 +175,39 @@ void DistributedDataParallel::broadcastParameters() {
   }
 }
 
+void DistributedDataParallel::broadcastBuffers() {
+  // Float32 statistics and int64 counters travel together as float64, exact for both (counts < 2^53).
+  const std::vector<nn::Buffer*> buffers = model_->buffers();
+  if (buffers.empty() || worldSize() == 1) return;
+  int64_t total = 0;
+  for (nn::Buffer* b : buffers) total += b->value.numel();
+  Tensor flat = Tensor::empty({total}, DType::Float64);
+  double* f = flat.data<double>();
+  for (nn::Buffer* b : buffers) {
+    const Tensor host = b->value.to(Device{});
+    for (int64_t i = 0; i < host.numel(); ++i) {
+      *f++ = host.dtype() == DType::Int64 ? static_cast<double>(host.data<int64_t>()[i]) : host.data<float>()[i];
+    }
+  }
+  backend_->broadcast(flat, 0, false)->wait();
+  f = flat.data<double>();
+  for (nn::Buffer* b : buffers) {
+    Tensor host = Tensor::empty(b->value.shape(), b->value.dtype());
+    for (int64_t i = 0; i < host.numel(); ++i, ++f) {
+      if (host.dtype() == DType::Int64) {
+        host.data<int64_t>()[i] = static_cast<int64_t>(*f);
+      } else {
+        host.data<float>()[i] = static_cast<float>(*f);
+      }
+    }
+    b->value.copyFrom(host);
+  }
+}
+
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   checkModelUnchanged("forward");
+  // As torch's DDP: rank 0's buffers (BatchNorm's running statistics) before each training forward.
+  if (config_.broadcastBuffers && model_->training()) broadcastBuffers();
   return model_->forward(input);
 }
 
@@ -396,9 +437,7 @@ void DistributedDataParallel::checkModelUnchanged(const char* operation) const {
 
 std::vector<std::string> DistributedDataParallel::parameterNames() const {
   std::vector<std::string> names;
-  for (size_t i = 0; i < model_->size(); ++i) {
-    for (nn::Parameter* p : model_->at(i)->parameters()) names.push_back(makeString(i, ".", p->name));
-  }
+  for (auto& [name, p] : model_->namedParameters()) names.push_back(name);
   return names;
 }
 
@@ -408,23 +447,31 @@ void DistributedDataParallel::compareAcrossRanks() {
   std::vector<double> mine;
   for (nn::Parameter* p : params) mine.push_back(checksum(p->grad));
   for (nn::Parameter* p : params) mine.push_back(checksum(p->value));
+  const auto buffers = model_->namedBuffers();
+  for (auto& [name, b] : buffers) mine.push_back(checksum(b->value));
   std::vector<double> all = comm::allGatherDoubles(*backend_, mine);
   std::vector<std::string> names = parameterNames();
-  for (size_t k = 0; k < 2 * n; ++k) {
-    const bool isGrad = k < n;
-    const std::string& name = names[k % n];
+  const size_t stride = mine.size();
+  for (size_t k = 0; k < stride; ++k) {
+    // k: gradients [0, n), parameters [n, 2n), buffers after.
+    const int kind = k < n ? 0 : k < 2 * n ? 1 : 2;
+    const std::string& name = kind < 2 ? names[k % n] : buffers[k - 2 * n].first;
     for (int r = 1; r < worldSize(); ++r) {
-      double here = all[r * 2 * n + k], first = all[k];
+      double here = all[r * stride + k], first = all[k];
       if (sameBits(here, first)) continue;
-      std::string key = (isGrad ? "g:" : "p:") + name;
+      std::string key = std::string(kind == 0 ? "g:" : kind == 1 ? "p:" : "b:") + name;
       if (warned_.insert(key).second) {
-        logWarning(makeString(
-            isGrad ? "Gradients differ across ranks" : "Parameters differ across ranks", ": parameter ", name,
-            " has checksum ", first, " on rank 0 but ", here, " on rank ", r,
-            isGrad ? ". The replicas will drift apart. Change gradients (clipping, scaling) identically on every rank, "
-                     "and between backward and update_parameters only through DDP"
-                   : ". Keep DDPConfig.broadcast_parameters=True, build the same model on every rank and seed every "
-                     "rank alike (cx.manual_seed)"));
+        static const char* what[] = {"Gradients differ across ranks", "Parameters differ across ranks",
+                                     "Buffers differ across ranks"};
+        static const char* remedy[] = {
+            ". The replicas will drift apart. Change gradients (clipping, scaling) identically on every rank, "
+            "and between backward and update_parameters only through DDP",
+            ". Keep DDPConfig.broadcast_parameters=True, build the same model on every rank and seed every "
+            "rank alike (cx.manual_seed)",
+            ". Each rank's BatchNorm keeps statistics of its own rows: keep DDPConfig.broadcast_buffers=True (rank 0's "
+            "are sent before each forward) or cx.distributed.convert_sync_batchnorm(model)"};
+        logWarning(makeString(what[kind], ": ", kind == 2 ? "buffer " : "parameter ", name, " has checksum ", first,
+                              " on rank 0 but ", here, " on rank ", r, remedy[kind]));
       }
       break;
     }

@@ -46,6 +46,9 @@ namespace cyxwiz::ddp {
 
 struct DDPConfig {
   bool broadcastParameters = true;
+  // Rank 0's buffers (BatchNorm's running statistics) sent to every rank before each training forward,
+  // as torch's broadcast_buffers=True.
+  bool broadcastBuffers = true;
   double bucketSizeMb = 25.0;
   bool findUnusedParameters = false;  // accepted for PyTorch parity; every layer gets a gradient here
   bool checkGradients = false;        // also on with CYXWIZ_DDP_CHECK_GRADIENTS=1
@@ -80,6 +83,11 @@ class DistributedDataParallel {
   // Forgets the collectives of a CUDA graph capture that was abandoned: they never ran, so there is
   // nothing to wait for (ddp/graphed_step.cpp).
   void discardCapturedWork();
+
+  // Rank 0's buffers to every rank (a collective; nothing to do without buffers). forward calls it in
+  // training when DDPConfig::broadcastBuffers; the trainer also at each epoch's end, so that
+  // evaluation, checkpoints and the finished model are the same on every rank.
+  void broadcastBuffers();
 
   // False inside no_sync(): backward only accumulates locally.
   void setRequireSync(bool require) { requireSync_ = require; }

@@ -34,7 +34,8 @@ Tensor rowRange(const Tensor& t, int64_t begin, int64_t end) {
 }
 
 void checkDataset(const Tensor& X, const Tensor& y, const std::string& who) {
-  CYX_CHECK(X.dim() == 2 && X.dtype() == DType::Float32, who, ": X must be a 2-D float32 array (samples, features), got ",
+  CYX_CHECK(X.dim() >= 2 && X.dtype() == DType::Float32, who, ": X must be a float32 array of samples, (samples, features) "
+            "or (samples, channels, height, width), got ",
             dtypeName(X.dtype()), " ", shapeString(X.shape()));
   CYX_CHECK(y.dim() >= 1 && y.size(0) == X.size(0), who, ": y has ", y.dim() ? y.size(0) : 0, " rows but X has ",
             X.size(0), "; give one target per sample");

@@ -13,7 +13,7 @@ namespace cyxwiz::ddp {
 Tensor gatherRows(const Tensor& t, const std::vector<int64_t>& indices);
 // Rows [begin, end) of `t` as a view (no copy).
 Tensor rowRange(const Tensor& t, int64_t begin, int64_t end);
-// Throws InvalidArgument unless X is a 2-D float32 matrix and y has as many rows; `who` names the caller.
+// Throws InvalidArgument unless X is a float32 array of 2 or more dimensions (samples first) and y has as many rows; `who` names the caller.
 void checkDataset(const Tensor& X, const Tensor& y, const std::string& who);
 
 }  // namespace cyxwiz::ddp

@@ -43,15 +43,18 @@ TrainStep::~TrainStep() = default;
 
 void TrainStep::run(const Tensor& x, const Tensor& y) {
   const nn::SequentialModel& model = *ddp_.model();
-  nn::requireMatrix(x, who_);
-  int64_t features = x.size(1);
+  if (x.dtype() != DType::Float32 || x.dim() < 2) {
+    throw InvalidArgument(makeString(who_, ": expected a float32 batch of at least 2 dimensions (rows first), got ",
+                                     dtypeName(x.dtype()), " ", shapeString(x.shape())));
+  }
+  Shape out;
   try {
-    for (const auto& m : model.modules()) features = m->outFeatures(features);
+    out = model.outputShape(x.shape());
   } catch (const InvalidArgument& e) {
-    throw InvalidArgument(makeString(who_, ": the batch has ", x.size(1), " features per row, which this model does not ",
+    throw InvalidArgument(makeString(who_, ": the batch has shape ", shapeString(x.shape()), ", which this model does not ",
                                      "take (", e.what(), ")"));
   }
-  loss_->checkTarget({x.size(0), features}, y, who_);
+  loss_->checkTarget(out, y, who_);
   if (!(graph_ && graph_->fits(x, y) && graph_->run(x, y))) {
     if (graph_) graph_->finish();  // bounded, before copies that could wait on a stuck replay
     eager(x.to(model.device()), y.to(model.device()));

@@ -101,14 +101,15 @@ TrainingHistory DistributedTrainer::fit(const Tensor& X, const Tensor& y, const 
 void DistributedTrainer::checkSameData(const char* who, const Tensor& X, const Tensor* y, const Tensor* Xval) {
   // fit, evaluate and predict are collective and split the rows by number: every rank must hold
   // the same data shape, or the ranks would silently disagree about which rows are whose.
-  std::vector<double> mine{double(X.size(0)), double(X.size(1)), y && y->dim() > 1 ? double(y->size(1)) : 0.0,
+  const double perRow = X.size(0) ? double(X.numel() / X.size(0)) : 0.0;  // the values of one sample
+  std::vector<double> mine{double(X.size(0)), perRow, y && y->dim() > 1 ? double(y->size(1)) : 0.0,
                            Xval ? double(Xval->size(0)) : -1.0};
   std::vector<double> all = comm::allGatherDoubles(*ddp_->backend(), mine);
   for (int r = 1; r < worldSize(); ++r) {
     if (std::equal(all.begin(), all.begin() + mine.size(), all.begin() + r * mine.size())) continue;
     auto describe = [&](int k) {
       const double* v = all.data() + k * mine.size();
-      return makeString("rank ", k, ": ", v[0], " rows x ", v[1], " features",
+      return makeString("rank ", k, ": ", v[0], " rows x ", v[1], " values",
                         v[3] >= 0 ? makeString(", ", v[3], " validation rows") : std::string());
     };
     std::string message = makeString(rankPrefix(), "DistributedTrainer.", who, ": the ranks hold different data (");
@@ -155,6 +156,9 @@ TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
     report({ProgressEvent::Kind::EpochBegin, epoch + 1, config.epochs, 0, batches.numBatches()}, config.verbose);
     step.reset();
     trainEpoch(X, y, batches, epoch, config, step);
+    // Each rank's last forward moved its BatchNorm statistics by its own rows: rank 0's go everywhere
+    // before the epoch is evaluated, checkpointed or returned.
+    if (ddp_->config().broadcastBuffers) ddp_->broadcastBuffers();
     std::vector<double> total = comm::allReduceSum(*ddp_->backend(), step.totals());
     const double epochSeconds = secondsSince(epochStart);
     samples += total[2];
@@ -237,25 +241,26 @@ std::pair<double, double> DistributedTrainer::evaluate(const Tensor& X, const Te
 }
 
 Tensor DistributedTrainer::predict(const Tensor& X, int64_t batchSize) {
-  CYX_CHECK(X.dim() == 2 && X.dtype() == DType::Float32, "DistributedTrainer.predict: X must be a 2-D float32 array, got ",
-            dtypeName(X.dtype()), " ", shapeString(X.shape()));
+  CYX_CHECK(X.dim() >= 2 && X.dtype() == DType::Float32, "DistributedTrainer.predict: X must be a float32 array of "
+            "samples (2 or more dimensions), got ", dtypeName(X.dtype()), " ", shapeString(X.shape()));
   CYX_CHECK(batchSize > 0, "DistributedTrainer.predict: batch_size=", batchSize, " must be positive");
   checkSameData("predict", X, nullptr, nullptr);
   EvalMode guard(*model_);
-  int64_t features = X.size(1);
-  for (const auto& m : model_->modules()) features = m->outFeatures(features);
+  Shape outShape = model_->outputShape(X.shape());  // (rows, ...): each block holds perRank of them
   const int64_t rows = X.size(0), world = worldSize();
   const int64_t perRank = (rows + world - 1) / world;
   // Each rank predicts its strided rows into a block of perRank rows; one all-gather puts the blocks
   // side by side, and row i is row i / world of block i % world.
-  Tensor block = Tensor::zeros({perRank, features});
+  outShape[0] = perRank;
+  Tensor block = Tensor::zeros(outShape);
   std::vector<int64_t> mine = strideRows(rows, rank(), static_cast<int>(world));
   for (size_t begin = 0; begin < mine.size(); begin += static_cast<size_t>(batchSize)) {
     std::vector<int64_t> batch(mine.begin() + begin, mine.begin() + std::min(mine.size(), begin + batchSize));
     Tensor out = model_->forward(gatherRows(X, batch));
     rowRange(block, static_cast<int64_t>(begin), static_cast<int64_t>(begin + batch.size())).copyFrom(out);
   }
-  Tensor gathered = Tensor::empty({world * perRank, features});
+  outShape[0] = world * perRank;
+  Tensor gathered = Tensor::empty(outShape);
   ddp_->backend()->allGather(block, gathered, false)->wait();
   std::vector<int64_t> order(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) order[i] = (i % world) * perRank + i / world;

@@ -94,7 +94,13 @@ void SequentialModel::recompute(Segment& s, const Tensor* nextInput) {
     // checkpointed step draws exactly what a plain one does and the next step's masks are unchanged.
     RestoreGenerator restore(globalGenerator());
     globalGenerator() = s.random;
+    // The replay must not count its batch twice in BatchNorm's running statistics: they are put back.
+    std::vector<std::pair<Buffer*, Tensor>> buffers;
+    for (size_t i = s.begin; i < s.end; ++i) {
+      for (Buffer* b : modules_[i]->buffers()) buffers.emplace_back(b, b->value.clone());
+    }
     runLayers(s.begin, s.end, s.input);  // the output equals the next segment's input: not needed
+    for (auto& [buffer, saved] : buffers) buffer->value.copyFrom(saved);
   }
   // A fused ReLU closing the segment keeps its output as its cache: the next segment's input, bit for
   // bit. Keeping that one instead frees the copy, one activation less for the rest of backward.

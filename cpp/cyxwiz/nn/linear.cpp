@@ -137,9 +137,15 @@ std::string LinearModule::repr() const {
   return makeString("LinearModule(in_features=", in_, ", out_features=", out_, ", bias=", hasBias_ ? "True" : "False", ")");
 }
 
-int64_t LinearModule::outFeatures(int64_t inFeatures) const {
-  CYX_CHECK(inFeatures < 0 || inFeatures == in_, repr(), " cannot follow a layer with ", inFeatures, " outputs");
-  return out_;
+Shape LinearModule::outputShape(const Shape& input) const {
+  if (input.empty()) return {-1, out_};
+  if (input.size() != 2) {
+    throw InvalidArgument(makeString(repr(), " expects input (N, ", in_, "), got ", describeShape(input),
+                                     input.size() > 2 ? "; put a FlattenModule before it" : ""));
+  }
+  CYX_CHECK(input[1] < 0 || input[1] == in_, repr(), " cannot follow a layer with ", input[1], " outputs: it expects input (N, ",
+            in_, "), got ", describeShape(input));
+  return {input[0], out_};
 }
 
 }  // namespace cyxwiz::nn

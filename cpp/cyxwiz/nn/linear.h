@@ -20,7 +20,7 @@ class LinearModule : public Module {
   std::vector<Parameter*> parameters() override;
   ModuleSpec spec() const override;
   std::string repr() const override;
-  int64_t outFeatures(int64_t inFeatures) const override;
+  Shape outputShape(const Shape& input) const override;
 
   int64_t inFeatures() const { return in_; }
   int64_t outFeatures() const { return out_; }

@@ -23,7 +23,20 @@ void Module::to(const Device& device) {
     p->value = p->value.to(device);
     if (p->grad.defined()) p->grad = p->grad.to(device);
   }
+  for (Buffer* b : buffers()) b->value = b->value.to(device);
   clearCache();
+}
+
+std::vector<std::pair<std::string, Parameter*>> Module::namedParameters() {
+  std::vector<std::pair<std::string, Parameter*>> out;
+  for (Parameter* p : parameters()) out.emplace_back(p->name, p);
+  return out;
+}
+
+std::vector<std::pair<std::string, Buffer*>> Module::namedBuffers() {
+  std::vector<std::pair<std::string, Buffer*>> out;
+  for (Buffer* b : buffers()) out.emplace_back(b->name, b);
+  return out;
 }
 
 int64_t Module::numParameters() {
@@ -55,6 +68,25 @@ void requireMatrix(const Tensor& t, const std::string& who, int64_t features) {
   if (t.dtype() != DType::Float32) {
     throw TypeMismatch(makeString(who, ": expected float32 input, got ", dtypeName(t.dtype())));
   }
+}
+
+void requireHostInput(const Tensor& t, const std::string& who, int64_t rank, const char* layout) {
+  if (t.dtype() != DType::Float32) throw TypeMismatch(makeString(who, ": expected float32 input, got ", dtypeName(t.dtype())));
+  if (t.dim() != rank) {
+    throw InvalidArgument(makeString(who, ": expected a ", rank, "-D input ", layout, ", got ", shapeString(t.shape())));
+  }
+  CYX_CHECK(!t.isCuda(), who, " has CPU kernels only and its input is on ", t.device().str(),
+            "; keep a model with this layer on the CPU");
+}
+
+std::string describeShape(const Shape& shape) {
+  std::string out = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ", ";
+    out += shape[i] >= 0 ? std::to_string(shape[i]) : (i == 0 ? "N" : "?");
+  }
+  if (shape.size() == 1) out += ",";
+  return out + ")";
 }
 
 }  // namespace cyxwiz::nn

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cyxwiz/tensor/tensor.h"
@@ -22,6 +23,13 @@ struct Parameter {
   std::string name;  // "weight", "bias"
   Tensor value;
   Tensor grad;       // same shape; may be rebound to a view into a DDP bucket
+};
+
+// State that is not learned (BatchNorm's running statistics): saved in model files and checkpoints,
+// moved with the model, broadcast by DDP (DDPConfig::broadcastBuffers), never stepped or averaged.
+struct Buffer {
+  std::string name;  // "running_mean", "running_var", "num_batches_tracked"
+  Tensor value;
 };
 
 // What a module is, in a form a model file can store: type name plus numeric attributes.
@@ -39,22 +47,33 @@ class Module {
   virtual Tensor backward(const Tensor& gradOutput) = 0;
 
   virtual std::vector<Parameter*> parameters() { return {}; }
+  // Parameters under the names model files and named_parameters() use ("weight", or "body.0.weight"
+  // in a module that holds others), in parameters() order.
+  virtual std::vector<std::pair<std::string, Parameter*>> namedParameters();
+  virtual std::vector<Buffer*> buffers() { return {}; }
+  virtual std::vector<std::pair<std::string, Buffer*>> namedBuffers();
   virtual ModuleSpec spec() const { return {typeName(), {}}; }
+  // Modules held inside this one (ResidualModule's body and shortcut), stored after its spec in model files.
+  virtual std::vector<std::shared_ptr<Module>> children() const { return {}; }
   virtual std::string repr() const { return typeName() + "()"; }
-  // Output feature count for an input with `inFeatures` columns (shape-preserving by default).
-  virtual int64_t outFeatures(int64_t inFeatures) const { return inFeatures; }
+  // The output shape for an input of shape `input` (batch first), or throws InvalidArgument saying what
+  // this module expects. -1 is a size not known yet (the batch, an image's height before the first
+  // batch); an empty shape is an input nothing is known about. Shape-preserving by default.
+  virtual Shape outputShape(const Shape& input) const { return input; }
+  // False for layers with CPU kernels only: SequentialModel.to("cuda") then says which layer cannot move.
+  virtual bool runsOnGpu() const { return true; }
 
   void zeroGrad();
   int64_t numParameters();
-  // Moves parameters and gradients to `device` (SequentialModel::to checks that it is usable).
-  void to(const Device& device);
+  // Moves parameters, gradients and buffers to `device` (SequentialModel::to checks that it is usable).
+  virtual void to(const Device& device);
   // Drops what forward kept for backward (a captured graph step frees its temporaries inside the
   // capture); backward then needs a new forward.
   void releaseCache() { clearCache(); }
   // What forward kept for backward, for inspection (dtype and bytes: autocast keeps 16-bit copies).
   // LinearModule and ReLUModule report theirs; other layers report nothing.
   virtual std::vector<Tensor> savedTensors() const { return {}; }
-  void setTraining(bool training) { training_ = training; }
+  virtual void setTraining(bool training) { training_ = training; }
   bool training() const { return training_; }
   void setNeedInputGrad(bool need) { needInputGrad_ = need; }
   bool needInputGrad() const { return needInputGrad_; }
@@ -85,21 +104,32 @@ class Module {
   GradReadyHook gradReadyHook_;
 };
 
-// Builds a module from its stored spec (model files). Throws InvalidArgument for an unknown type or
-// bad attributes.
-std::shared_ptr<Module> makeModule(const ModuleSpec& spec);
+// Builds a module from its stored spec and, for a module that holds others (children()), those
+// modules built first (model files). Throws InvalidArgument for an unknown type or bad attributes.
+std::shared_ptr<Module> makeModule(const ModuleSpec& spec, std::vector<std::shared_ptr<Module>> children = {});
+// How many child modules a model file stores after `spec` (its children(), depth first).
+size_t childCount(const ModuleSpec& spec);
 
-// The parameters (name, dtype, shape) that makeModule(spec) would allocate, computed without
+// The parameters, then the buffers (name, dtype, shape) that makeModule(spec) would allocate itself
+// (its children's are theirs), computed without
 // allocating them, so that a model file's layers can be matched against the tensors it really stores
 // before anything is built. Throws like makeModule.
 struct ParameterShape {
   std::string name;
   DType dtype;
   Shape shape;
+  bool buffer = false;  // a Buffer (running statistics), not a Parameter
 };
 std::vector<ParameterShape> parameterShapes(const ModuleSpec& spec);
 
 // Requires a 2-D float32 (batch, features) tensor; `who` names the caller in the message.
 void requireMatrix(const Tensor& t, const std::string& who, int64_t features = -1);
+
+// Requires a float32 tensor of `rank` dimensions on the CPU; `who` names the module ("Conv2DModule(1, 8, ...)")
+// and `layout` the dimensions ("(N, C, H, W)").
+void requireHostInput(const Tensor& t, const std::string& who, int64_t rank, const char* layout);
+
+// "(4, 3, 8, 8)" with unknown sizes as "N" (the first) or "?".
+std::string describeShape(const Shape& shape);
 
 }  // namespace cyxwiz::nn

@@ -16,10 +16,8 @@ void SequentialModel::add(std::shared_ptr<Module> module) {
     CYX_CHECK(m != module, "SequentialModel.add: this ", module->repr(),
               " is already in the model; create a new module for each layer (layers do not share weights)");
   }
-  // Fail at build time, not at the first batch, when two linear layers do not fit together.
-  int64_t features = -1;
-  for (const auto& m : modules_) features = m->outFeatures(features);
-  if (features >= 0) module->outFeatures(features);
+  // Fail at build time, not at the first batch, when two layers do not fit together.
+  module->outputShape(outputShape({}));
   module->setTraining(training_);
   module->to(device_);
   segments_.clear();  // a new layer changes where segments end
@@ -84,6 +82,12 @@ void SequentialModel::zeroGrad() {
 void SequentialModel::to(const Device& device) {
   if (device == device_) return;
   device::requireDevice(device, "SequentialModel.to");
+  if (device.type == DeviceType::CUDA) {
+    for (size_t i = 0; i < modules_.size(); ++i) {
+      CYX_CHECK(modules_[i]->runsOnGpu(), "SequentialModel.to(\"", device.str(), "\"): layer ", i, " (",
+                modules_[i]->repr(), ") has CPU kernels only so far; keep this model on the CPU");
+    }
+  }
   CYX_CHECK(!gradientGuard_, "SequentialModel.to(\"", device.str(), "\"): this model is wrapped in DistributedDataParallel, whose "
             "gradient buckets live on ", device_.str(), "; move the model before wrapping it");
   segments_.clear();  // their inputs live on the device the model is leaving
@@ -116,36 +120,75 @@ std::string SequentialModel::repr() const {
   return out + ")";
 }
 
-std::string SequentialModel::summary(int64_t inFeatures) const {
-  if (inFeatures < 0 && !modules_.empty()) {
-    if (auto* first = dynamic_cast<LinearModule*>(modules_.front().get())) inFeatures = first->inFeatures();
-  }
-  char line[160];
-  std::string out;
-  std::snprintf(line, sizeof line, "%-4s %-60s %10s %10s\n", "#", "layer", "out", "params");
-  out += line;
-  out += std::string(87, '-') + "\n";
-  int64_t features = inFeatures;
+std::vector<std::pair<std::string, Parameter*>> SequentialModel::namedParameters() const {
+  std::vector<std::pair<std::string, Parameter*>> out;
   for (size_t i = 0; i < modules_.size(); ++i) {
-    features = modules_[i]->outFeatures(features);
-    std::string shape = features >= 0 ? makeString("(N, ", features, ")") : "?";
-    std::snprintf(line, sizeof line, "%-4zu %-60s %10s %10lld\n", i, modules_[i]->repr().c_str(), shape.c_str(),
-                  static_cast<long long>(modules_[i]->numParameters()));
+    for (auto& [name, p] : modules_[i]->namedParameters()) out.emplace_back(makeString(i, ".", name), p);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Buffer*>> SequentialModel::namedBuffers() const {
+  std::vector<std::pair<std::string, Buffer*>> out;
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    for (auto& [name, b] : modules_[i]->namedBuffers()) out.emplace_back(makeString(i, ".", name), b);
+  }
+  return out;
+}
+
+std::vector<Buffer*> SequentialModel::buffers() const {
+  std::vector<Buffer*> out;
+  for (const auto& m : modules_) {
+    for (Buffer* b : m->buffers()) out.push_back(b);
+  }
+  return out;
+}
+
+Shape SequentialModel::outputShape(const Shape& input) const {
+  Shape shape = input;
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    try {
+      shape = modules_[i]->outputShape(shape);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(makeString("layer ", i, ": ", e.what()));
+    }
+  }
+  return shape;
+}
+
+std::string SequentialModel::summary(const Shape& input) const {
+  char line[200];
+  std::string out;
+  std::snprintf(line, sizeof line, "%-4s %-60s %-20s %10s\n", "#", "layer", "output shape", "params");
+  out += line;
+  out += std::string(97, '-') + "\n";
+  Shape shape = input;
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    shape = modules_[i]->outputShape(shape);
+    std::snprintf(line, sizeof line, "%-4zu %-60s %-20s %10lld\n", i, modules_[i]->repr().c_str(),
+                  describeShape(shape).c_str(), static_cast<long long>(modules_[i]->numParameters()));
     out += line;
   }
-  out += std::string(87, '-') + "\n";
+  out += std::string(97, '-') + "\n";
   out += makeString("total parameters: ", numParameters(), " (", numParameters() * 4, " bytes as float32)\n");
   return out;
 }
 
+namespace {
+
+void appendFingerprint(std::string& out, const Module& m) {
+  ModuleSpec s = m.spec();
+  out += s.type + "{";
+  for (const auto& [key, value] : s.attrs) out += makeString(key, "=", value, ";");
+  for (const auto& child : m.children()) appendFingerprint(out, *child);
+  out += "}";
+}
+
+}  // namespace
+
 std::string SequentialModel::architectureFingerprint() const {
   std::string out;
-  for (const auto& m : modules_) {
-    ModuleSpec s = m->spec();
-    out += s.type + "{";
-    for (const auto& [key, value] : s.attrs) out += makeString(key, "=", value, ";");
-    out += "}";
-  }
+  for (const auto& m : modules_) appendFingerprint(out, *m);
   return out;
 }
 

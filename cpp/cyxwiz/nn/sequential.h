@@ -54,8 +54,16 @@ class SequentialModel {
   bool training() const { return training_; }
 
   std::string repr() const;
-  // A table: index, layer, output features, parameter count; `inFeatures` < 0 infers from the first layer.
-  std::string summary(int64_t inFeatures = -1) const;
+  // Named as in model files and torch's state_dict: "3.weight", "5.body.0.running_mean".
+  std::vector<std::pair<std::string, Parameter*>> namedParameters() const;
+  std::vector<std::pair<std::string, Buffer*>> namedBuffers() const;
+  std::vector<Buffer*> buffers() const;
+  // The output shape for an input of `input` (batch first; -1 unknown), through every layer; throws
+  // InvalidArgument naming the layer that does not take what the one before it gives.
+  Shape outputShape(const Shape& input) const;
+  // A table: index, layer, output shape, parameter count, for an input of `input` (one sample's shape
+  // with the batch first, -1 where unknown); empty infers what the first layer states.
+  std::string summary(const Shape& input = {}) const;
   // A string that changes when the architecture (types, attributes, parameter shapes) does.
   std::string architectureFingerprint() const;
 

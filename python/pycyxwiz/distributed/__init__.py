@@ -33,6 +33,7 @@ from .._core.distributed import (  # noqa: F401
     all_reduce,
     barrier,
     broadcast,
+    convert_sync_batchnorm,
     finalize,
     get_backend,
     get_config,

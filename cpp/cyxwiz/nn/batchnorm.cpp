@@ -1,0 +1,192 @@
+#include "cyxwiz/nn/batchnorm.h"
+
+#include <cmath>
+#include <mutex>
+
+#include "cyxwiz/common/error.h"
+
+namespace cyxwiz::nn {
+
+namespace {
+
+std::mutex reduceMutex;
+StatsAllReduce installedReduce;
+
+}  // namespace
+
+void setStatsAllReduce(StatsAllReduce reduce) {
+  std::lock_guard<std::mutex> lock(reduceMutex);
+  installedReduce = std::move(reduce);
+}
+
+BatchNormModule::BatchNormModule(int imageDims, int64_t numFeatures, double eps, double momentum)
+    : dims_(imageDims), features_(numFeatures), eps_(eps), momentum_(momentum) {
+  CYX_CHECK(numFeatures > 0, typeName(), "(", numFeatures, "): num_features must be positive");
+  CYX_CHECK(eps > 0 && std::isfinite(eps), typeName(), "(", numFeatures, ", eps=", eps, "): eps must be positive");
+  CYX_CHECK(momentum >= 0 && momentum <= 1, typeName(), "(", numFeatures, ", momentum=", momentum,
+            "): momentum must be between 0 and 1");
+  weight_ = {"weight", Tensor::empty({features_}), Tensor::zeros({features_})};
+  weight_.value.fill(1.0);
+  bias_ = {"bias", Tensor::zeros({features_}), Tensor::zeros({features_})};
+  runningMean_ = {"running_mean", Tensor::zeros({features_})};
+  runningVar_ = {"running_var", Tensor::empty({features_})};
+  runningVar_.value.fill(1.0);
+  batchesTracked_ = {"num_batches_tracked", Tensor::zeros({}, DType::Int64)};
+}
+
+Shape BatchNormModule::outputShape(const Shape& input) const {
+  if (input.empty()) return dims_ == 2 ? Shape{-1, features_, -1, -1} : Shape{-1, features_};
+  const bool rankOk = dims_ == 2 ? input.size() == 4 : input.size() == 2 || input.size() == 3;
+  if (!rankOk || (input[1] >= 0 && input[1] != features_)) {
+    throw InvalidArgument(makeString(repr(), " expects input ",
+                                     dims_ == 2 ? makeString("(N, ", features_, ", H, W)")
+                                                : makeString("(N, ", features_, ") or (N, ", features_, ", L)"),
+                                     ", got ", describeShape(input)));
+  }
+  return input;
+}
+
+bool BatchNormModule::reduce(std::vector<double>& values) const {
+  if (!sync_) return false;
+  StatsAllReduce f;
+  {
+    std::lock_guard<std::mutex> lock(reduceMutex);
+    f = installedReduce;
+  }
+  return f && f(values);
+}
+
+Tensor BatchNormModule::forward(const Tensor& input) {
+  const std::string who = repr() + ".forward";
+  requireHostInput(input, who, input.dim() >= 2 ? input.dim() : 2, dims_ == 2 ? "(N, C, H, W)" : "(N, C)");
+  outputShape(input.shape());
+  const int64_t N = input.size(0), C = features_, S = input.numel() / std::max<int64_t>(N * C, 1);
+  const float* x = input.data<float>();
+  mean_.assign(static_cast<size_t>(C), 0.0);
+  invstd_.assign(static_cast<size_t>(C), 0.0);
+  batchStats_ = training_;
+  if (training_) {
+    // Sums per channel, then the count: one message when synchronised.
+    std::vector<double> sums(static_cast<size_t>(C + 1), 0.0);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t c = 0; c < C; ++c) {
+        const float* v = x + (n * C + c) * S;
+        double s = 0.0;
+        for (int64_t i = 0; i < S; ++i) s += v[i];
+        sums[c] += s;
+      }
+    }
+    sums[C] = static_cast<double>(N * S);
+    reduce(sums);
+    count_ = sums[C];
+    CYX_CHECK(count_ > 1, who, ": expected more than 1 value per channel when training, got input ",
+              shapeString(input.shape()), "; use a larger batch or eval()");
+    for (int64_t c = 0; c < C; ++c) mean_[c] = sums[c] / count_;
+    // Squared deviations from the (global) mean: two passes, as exact as the data allows.
+    std::vector<double> squares(static_cast<size_t>(C), 0.0);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t c = 0; c < C; ++c) {
+        const float* v = x + (n * C + c) * S;
+        double s = 0.0;
+        for (int64_t i = 0; i < S; ++i) s += (v[i] - mean_[c]) * (v[i] - mean_[c]);
+        squares[c] += s;
+      }
+    }
+    reduce(squares);
+    float* rm = runningMean_.value.data<float>();
+    float* rv = runningVar_.value.data<float>();
+    for (int64_t c = 0; c < C; ++c) {
+      const double var = squares[c] / count_;
+      invstd_[c] = 1.0 / std::sqrt(var + eps_);
+      rm[c] = static_cast<float>((1.0 - momentum_) * rm[c] + momentum_ * mean_[c]);
+      rv[c] = static_cast<float>((1.0 - momentum_) * rv[c] + momentum_ * var * count_ / (count_ - 1.0));
+    }
+    batchesTracked_.value.data<int64_t>()[0] += 1;
+  } else {
+    const float* rm = runningMean_.value.data<float>();
+    const float* rv = runningVar_.value.data<float>();
+    for (int64_t c = 0; c < C; ++c) {
+      mean_[c] = rm[c];
+      invstd_[c] = 1.0 / std::sqrt(static_cast<double>(rv[c]) + eps_);
+    }
+  }
+  // y = x * scale + shift with scale = w * invstd and shift = b - mean * scale, per channel.
+  Tensor output = Tensor::empty(input.shape());
+  float* y = output.data<float>();
+  const float* w = weight_.value.data<float>();
+  const float* b = bias_.value.data<float>();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      const double scale = w[c] * invstd_[c];
+      const float sc = static_cast<float>(scale), sh = static_cast<float>(b[c] - mean_[c] * scale);
+      const float* v = x + (n * C + c) * S;
+      float* out = y + (n * C + c) * S;
+      for (int64_t i = 0; i < S; ++i) out[i] = v[i] * sc + sh;
+    }
+  }
+  input_ = keepForBackward(input);
+  return output;
+}
+
+Tensor BatchNormModule::backward(const Tensor& gradOutput) {
+  checkBackward(input_, gradOutput, input_.shape());
+  const int64_t N = input_.size(0), C = features_, S = input_.numel() / std::max<int64_t>(N * C, 1);
+  const float* x = input_.data<float>();
+  const float* g = gradOutput.data<float>();
+  // Per channel: sum(dy) and sum(dy * xhat), xhat the normalised input.
+  std::vector<double> sums(static_cast<size_t>(2 * C), 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      const float* v = x + (n * C + c) * S;
+      const float* d = g + (n * C + c) * S;
+      double sdy = 0.0, sdyx = 0.0;
+      for (int64_t i = 0; i < S; ++i) {
+        sdy += d[i];
+        sdyx += d[i] * (v[i] - mean_[c]);
+      }
+      sums[c] += sdy;
+      sums[C + c] += sdyx * invstd_[c];
+    }
+  }
+  float* dw = weight_.grad.data<float>();
+  float* db = bias_.grad.data<float>();
+  for (int64_t c = 0; c < C; ++c) {
+    dw[c] += static_cast<float>(sums[C + c]);
+    db[c] += static_cast<float>(sums[c]);
+  }
+  gradsReady();
+  if (!needInputGrad_) return Tensor();
+  Tensor gradInput = Tensor::empty(input_.shape());
+  float* dx = gradInput.data<float>();
+  const float* w = weight_.value.data<float>();
+  if (batchStats_) reduce(sums);  // the gradient flows through the statistics of every rank's rows
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      const double k = w[c] * invstd_[c];
+      const float* v = x + (n * C + c) * S;
+      const float* d = g + (n * C + c) * S;
+      float* out = dx + (n * C + c) * S;
+      if (!batchStats_) {
+        for (int64_t i = 0; i < S; ++i) out[i] = static_cast<float>(d[i] * k);
+        continue;
+      }
+      // dx = w invstd (dy - mean(dy) - xhat mean(dy xhat))
+      const double meanDy = sums[c] / count_, meanDyXhat = sums[C + c] / count_;
+      for (int64_t i = 0; i < S; ++i) {
+        const double xhat = (v[i] - mean_[c]) * invstd_[c];
+        out[i] = static_cast<float>(k * (d[i] - meanDy - xhat * meanDyXhat));
+      }
+    }
+  }
+  return gradInput;
+}
+
+ModuleSpec BatchNormModule::spec() const {
+  return {typeName(), {{"num_features", double(features_)}, {"eps", eps_}, {"momentum", momentum_}, {"sync", sync_ ? 1.0 : 0.0}}};
+}
+
+std::string BatchNormModule::repr() const {
+  return makeString(typeName(), "(", features_, ", eps=", eps_, ", momentum=", momentum_, sync_ ? ", sync=True" : "", ")");
+}
+
+}  // namespace cyxwiz::nn

@@ -1,0 +1,55 @@
+// Conv2DModule: a 2-D convolution (cross-correlation, as torch.nn.Conv2d) over (N, C, H, W) input.
+// Weight (out_channels, in_channels / groups, kh, kw) and bias (out_channels), torch's layout.
+// CPU kernel: im2col over the whole batch, then one sgemm per group (nn/im2col.h).
+#pragma once
+
+#include <array>
+
+#include "cyxwiz/nn/im2col.h"
+#include "cyxwiz/nn/module.h"
+
+namespace cyxwiz::nn {
+
+using Pair = std::array<int64_t, 2>;  // (height, width)
+
+class Conv2DModule : public Module {
+ public:
+  Conv2DModule(int64_t inChannels, int64_t outChannels, Pair kernel, Pair stride = {1, 1}, Pair padding = {0, 0},
+               Pair dilation = {1, 1}, int64_t groups = 1, bool bias = true);
+
+  std::string typeName() const override { return "Conv2DModule"; }
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& gradOutput) override;
+  std::vector<Parameter*> parameters() override;
+  ModuleSpec spec() const override;
+  std::string repr() const override;
+  Shape outputShape(const Shape& input) const override;
+  bool runsOnGpu() const override { return false; }
+  std::vector<Tensor> savedTensors() const override { return input_.defined() ? std::vector<Tensor>{input_} : std::vector<Tensor>{}; }
+
+  // Kaiming-uniform weight and uniform bias in +-1/sqrt(fan_in), fan_in = in/groups * kh * kw, as torch.
+  void resetParameters();
+  int64_t inChannels() const { return in_; }
+  int64_t outChannels() const { return out_; }
+  Pair kernelSize() const { return kernel_; }
+  Pair stride() const { return stride_; }
+  Pair padding() const { return padding_; }
+  Pair dilation() const { return dilation_; }
+  int64_t groups() const { return groups_; }
+  bool hasBias() const { return hasBias_; }
+
+ protected:
+  void clearCache() override { input_ = Tensor(); }
+
+ private:
+  ConvGeometry geometry(const Shape& input) const;
+
+  int64_t in_, out_;
+  Pair kernel_, stride_, padding_, dilation_;
+  int64_t groups_;
+  bool hasBias_;
+  Parameter weight_, bias_;
+  Tensor input_;  // backward rebuilds the column matrix from it (less memory than keeping the columns)
+};
+
+}  // namespace cyxwiz::nn

@@ -1,0 +1,208 @@
+#include "cyxwiz/nn/pool2d.h"
+
+#include <cmath>
+#include <limits>
+
+#include "cyxwiz/common/error.h"
+
+namespace cyxwiz::nn {
+
+namespace {
+
+std::string pairString(const Pair& p) { return makeString("(", p[0], ", ", p[1], ")"); }
+
+// Throws unless a gradient of `expected` shape came back after a forward.
+void checkPoolBackward(const Module& m, const Shape& inputShape, const Shape& expected, const Tensor& g) {
+  if (inputShape.empty()) {
+    throw InvalidArgument(m.typeName() + ".backward called before forward; run forward on the batch first");
+  }
+  if (g.dtype() != DType::Float32 || g.shape() != expected) {
+    throw InvalidArgument(makeString(m.typeName(), ".backward: expected a float32 gradient of shape ", shapeString(expected),
+                                     " (the shape forward returned), got ", dtypeName(g.dtype()), " ", shapeString(g.shape())));
+  }
+  CYX_CHECK(!g.isCuda(), m.typeName(), ".backward: has CPU kernels only; the gradient is on ", g.device().str());
+}
+
+}  // namespace
+
+Pool2DModule::Pool2DModule(bool max, Pair pool, Pair stride, Pair padding)
+    : max_(max), pool_(pool), stride_(stride[0] == 0 && stride[1] == 0 ? pool : stride), padding_(padding) {
+  const std::string who = makeString(typeName(), "(", pairString(pool), ")");
+  CYX_CHECK(pool[0] > 0 && pool[1] > 0, who, ": pool_size must be positive");
+  CYX_CHECK(stride_[0] > 0 && stride_[1] > 0, who, ": stride must be positive, got ", pairString(stride_));
+  // torch's rule: the padding at most half the window, so that every window sees the image.
+  CYX_CHECK(padding[0] >= 0 && padding[1] >= 0 && 2 * padding[0] <= pool[0] && 2 * padding[1] <= pool[1], who,
+            ": padding ", pairString(padding), " must be between 0 and half the pool size");
+}
+
+Shape Pool2DModule::outputShape(const Shape& input) const {
+  if (input.empty()) return {-1, -1, -1, -1};
+  if (input.size() != 4) throw InvalidArgument(makeString(repr(), " expects input (N, C, H, W), got ", describeShape(input)));
+  Shape out{input[0], input[1], -1, -1};
+  for (int axis = 0; axis < 2; ++axis) {
+    const int64_t size = input[2 + axis];
+    if (size < 0) continue;
+    if (size + 2 * padding_[axis] < pool_[axis]) {
+      throw InvalidArgument(makeString(repr(), ": the input ", describeShape(input), " is smaller than the pool window"));
+    }
+    out[2 + axis] = (size + 2 * padding_[axis] - pool_[axis]) / stride_[axis] + 1;
+  }
+  return out;
+}
+
+Tensor Pool2DModule::forward(const Tensor& input) {
+  requireHostInput(input, repr() + ".forward", 4, "(N, C, H, W)");
+  const Shape outShape = outputShape(input.shape());
+  const int64_t H = input.size(2), W = input.size(3), OH = outShape[2], OW = outShape[3];
+  const int64_t planes = input.size(0) * input.size(1);
+  CYX_CHECK(H * W <= std::numeric_limits<int32_t>::max(), repr(), ": an image plane of ", H, " x ", W, " is too large");
+  Tensor output = Tensor::empty(outShape);
+  const float* x = input.data<float>();
+  float* y = output.data<float>();
+  if (max_) argmax_.assign(static_cast<size_t>(planes * OH * OW), 0);
+  const float divisor = static_cast<float>(pool_[0] * pool_[1]);  // count_include_pad
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* plane = x + p * H * W;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t h0 = oh * stride_[0] - padding_[0];
+      const int64_t hBegin = std::max<int64_t>(h0, 0), hEnd = std::min(h0 + pool_[0], H);
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t w0 = ow * stride_[1] - padding_[1];
+        const int64_t wBegin = std::max<int64_t>(w0, 0), wEnd = std::min(w0 + pool_[1], W);
+        const int64_t o = (p * OH + oh) * OW + ow;
+        if (max_) {
+          // The first maximum in row-major order wins, and a NaN propagates: torch's rule.
+          int64_t best = hBegin * W + wBegin;
+          float value = -std::numeric_limits<float>::infinity();
+          for (int64_t h = hBegin; h < hEnd; ++h) {
+            for (int64_t w = wBegin; w < wEnd; ++w) {
+              const float v = plane[h * W + w];
+              if (v > value || std::isnan(v)) {
+                value = v;
+                best = h * W + w;
+                if (std::isnan(v)) h = hEnd - 1, w = wEnd - 1;
+              }
+            }
+          }
+          y[o] = value;
+          argmax_[static_cast<size_t>(o)] = static_cast<int32_t>(best);
+        } else {
+          float sum = 0.0f;
+          for (int64_t h = hBegin; h < hEnd; ++h) {
+            for (int64_t w = wBegin; w < wEnd; ++w) sum += plane[h * W + w];
+          }
+          y[o] = sum / divisor;
+        }
+      }
+    }
+  }
+  inputShape_ = input.shape();
+  return output;
+}
+
+Tensor Pool2DModule::backward(const Tensor& gradOutput) {
+  checkPoolBackward(*this, inputShape_, inputShape_.empty() ? Shape{} : outputShape(inputShape_), gradOutput);
+  if (!needInputGrad_) return Tensor();
+  const int64_t H = inputShape_[2], W = inputShape_[3], OH = gradOutput.size(2), OW = gradOutput.size(3);
+  const int64_t planes = inputShape_[0] * inputShape_[1];
+  Tensor gradInput = Tensor::zeros(inputShape_);
+  float* dx = gradInput.data<float>();
+  const float* g = gradOutput.data<float>();
+  const float divisor = static_cast<float>(pool_[0] * pool_[1]);
+  for (int64_t p = 0; p < planes; ++p) {
+    float* plane = dx + p * H * W;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t h0 = oh * stride_[0] - padding_[0];
+      const int64_t hBegin = std::max<int64_t>(h0, 0), hEnd = std::min(h0 + pool_[0], H);
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t o = (p * OH + oh) * OW + ow;
+        if (max_) {
+          plane[argmax_[static_cast<size_t>(o)]] += g[o];
+          continue;
+        }
+        const int64_t w0 = ow * stride_[1] - padding_[1];
+        const int64_t wBegin = std::max<int64_t>(w0, 0), wEnd = std::min(w0 + pool_[1], W);
+        const float share = g[o] / divisor;
+        for (int64_t h = hBegin; h < hEnd; ++h) {
+          for (int64_t w = wBegin; w < wEnd; ++w) plane[h * W + w] += share;
+        }
+      }
+    }
+  }
+  return gradInput;
+}
+
+ModuleSpec Pool2DModule::spec() const {
+  return {typeName(),
+          {{"pool_h", double(pool_[0])}, {"pool_w", double(pool_[1])}, {"stride_h", double(stride_[0])},
+           {"stride_w", double(stride_[1])}, {"padding_h", double(padding_[0])}, {"padding_w", double(padding_[1])}}};
+}
+
+std::string Pool2DModule::repr() const {
+  std::string out = makeString(typeName(), "(pool_size=", pairString(pool_), ", stride=", pairString(stride_));
+  if (padding_ != Pair{0, 0}) out += ", padding=" + pairString(padding_);
+  return out + ")";
+}
+
+Shape GlobalAvgPool2DModule::outputShape(const Shape& input) const {
+  if (input.empty()) return {-1, -1};
+  if (input.size() != 4) throw InvalidArgument(makeString(repr(), " expects input (N, C, H, W), got ", describeShape(input)));
+  return {input[0], input[1]};
+}
+
+Tensor GlobalAvgPool2DModule::forward(const Tensor& input) {
+  requireHostInput(input, repr() + ".forward", 4, "(N, C, H, W)");
+  const int64_t planes = input.size(0) * input.size(1), P = input.size(2) * input.size(3);
+  Tensor output = Tensor::empty({input.size(0), input.size(1)});
+  const float* x = input.data<float>();
+  float* y = output.data<float>();
+  for (int64_t p = 0; p < planes; ++p) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < P; ++i) sum += x[p * P + i];
+    y[p] = sum / static_cast<float>(P);
+  }
+  inputShape_ = input.shape();
+  return output;
+}
+
+Tensor GlobalAvgPool2DModule::backward(const Tensor& gradOutput) {
+  checkPoolBackward(*this, inputShape_, inputShape_.empty() ? Shape{} : outputShape(inputShape_), gradOutput);
+  if (!needInputGrad_) return Tensor();
+  const int64_t planes = inputShape_[0] * inputShape_[1], P = inputShape_[2] * inputShape_[3];
+  Tensor gradInput = Tensor::empty(inputShape_);
+  const float* g = gradOutput.data<float>();
+  float* dx = gradInput.data<float>();
+  for (int64_t p = 0; p < planes; ++p) {
+    const float share = g[p] / static_cast<float>(P);
+    for (int64_t i = 0; i < P; ++i) dx[p * P + i] = share;
+  }
+  return gradInput;
+}
+
+Shape FlattenModule::outputShape(const Shape& input) const {
+  if (input.empty()) return {-1, -1};
+  if (input.size() < 2) throw InvalidArgument(makeString(repr(), " expects input (N, ...), got ", describeShape(input)));
+  int64_t features = 1;
+  for (size_t i = 1; i < input.size(); ++i) features = input[i] < 0 || features < 0 ? -1 : features * input[i];
+  return {input[0], features};
+}
+
+Tensor FlattenModule::forward(const Tensor& input) {
+  if (input.dtype() != DType::Float32) throw TypeMismatch(makeString(repr(), ".forward: expected float32 input, got ", dtypeName(input.dtype())));
+  const Shape out = outputShape(input.shape());
+  inputShape_ = input.shape();
+  return input.reshape(out);  // a view: no copy (the next layer copies the caller's array if it keeps it)
+}
+
+Tensor FlattenModule::backward(const Tensor& gradOutput) {
+  if (inputShape_.empty()) throw InvalidArgument(repr() + ".backward called before forward; run forward on the batch first");
+  const Shape expected = outputShape(inputShape_);
+  if (gradOutput.dtype() != DType::Float32 || gradOutput.shape() != expected) {
+    throw InvalidArgument(makeString(repr(), ".backward: expected a float32 gradient of shape ", shapeString(expected),
+                                     ", got ", dtypeName(gradOutput.dtype()), " ", shapeString(gradOutput.shape())));
+  }
+  if (!needInputGrad_) return Tensor();
+  return gradOutput.reshape(inputShape_);
+}
+
+}  // namespace cyxwiz::nn
