@@ -43,6 +43,7 @@ def cx_cnn3():
         if i < 2:
             m.add(cx.MaxPool2DModule(2))
     m.add(cx.GlobalAvgPool2DModule())
+    m.add(cx.FlattenModule())  # a no-op view, so that the layer indices are torch's (AdaptiveAvgPool2d, Flatten)
     m.add(cx.LinearModule(128, CLASSES))
     return m
 
@@ -74,7 +75,7 @@ def cx_resnet():
     m = cx.SequentialModel()
     for layer in (cx.Conv2DModule(3, 16, 3, 1, 1, use_bias=False), cx.BatchNorm2DModule(16), cx.ReLUModule(),
                   cx_block(16, 16, 1), cx.ReLUModule(), cx_block(16, 32, 2), cx.ReLUModule(), cx_block(32, 64, 2),
-                  cx.ReLUModule(), cx.GlobalAvgPool2DModule(), cx.LinearModule(64, CLASSES)):
+                  cx.ReLUModule(), cx.GlobalAvgPool2DModule(), cx.FlattenModule(), cx.LinearModule(64, CLASSES)):
         m.add(layer)
     return m
 

@@ -17,6 +17,23 @@ torch = pytest.importorskip("torch")
 REL = 1e-5
 
 
+def onednn_available():
+    return cx.build_info()["conv"].startswith("oneDNN")
+
+
+@pytest.fixture(params=["onednn", "im2col"])
+def conv_kernel(request):
+    """Runs a test with each convolution kernel: oneDNN's (when the onednn-cpu-gomp wheel is installed;
+    CI installs it) and the im2col + sgemm path."""
+    if request.param == "onednn" and not onednn_available():
+        pytest.skip("oneDNN is not installed (pip install onednn-cpu-gomp): " + cx.build_info()["conv"])
+    cx._core._set_dnnl_enabled(request.param == "onednn")
+    try:
+        yield request.param
+    finally:
+        cx._core._set_dnnl_enabled(True)
+
+
 def assert_rel_close(ours, theirs, what, rel=REL):
     theirs = np.asarray(theirs, dtype=np.float64)
     ours = np.asarray(ours, dtype=np.float64)
@@ -67,7 +84,7 @@ CONV_CASES = [
 
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
-def test_conv2d_matches_torch(case):
+def test_conv2d_matches_torch(case, conv_kernel):
     n, c, h, w, out, k, s, p, d, g, bias = case
     torch.manual_seed(0)
     theirs = torch.nn.Conv2d(c, out, k, stride=s, padding=p, dilation=d, groups=g, bias=bias)
@@ -228,7 +245,7 @@ def make_resnet_pair(seed=0):
     return ours, theirs
 
 
-def test_resnet_matches_torch_in_training_and_eval():
+def test_resnet_matches_torch_in_training_and_eval(conv_kernel):
     ours, theirs = make_resnet_pair()
     x = np.random.default_rng(7).standard_normal((6, 3, 8, 8)).astype(np.float32)
     compare_module(ours, theirs, x, "ResNet train")
@@ -275,7 +292,7 @@ def check_module_by_differences(module, x, what):
         assert_grad_close(g, numeric_grad(objective, p), f"{what}: {name}")
 
 
-def test_finite_differences_conv_pool_batchnorm_residual():
+def test_finite_differences_conv_pool_batchnorm_residual(conv_kernel):
     rng = np.random.default_rng(12)
     x = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)
     check_module_by_differences(cx.Conv2DModule(4, 4, 3, stride=2, padding=1, dilation=1, groups=2), x, "Conv2DModule")

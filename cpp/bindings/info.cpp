@@ -3,6 +3,7 @@
 
 #include "cyxwiz/tensor/blas.h"
 #include "cyxwiz/tensor/blas16.h"
+#include "cyxwiz/tensor/dnnl.h"
 
 namespace py = pybind11;
 
@@ -18,6 +19,9 @@ void init_info(py::module_& m) {
   // the switch for tests and benchmarks that compare both paths.
   m.def("_set_blas16_library", &cyxwiz::blas16::setLibrary, py::arg("path"));
   m.def("_set_blas16_enabled", &cyxwiz::blas16::setEnabled, py::arg("enabled"));
+  // oneDNN for the convolutions (tensor/dnnl.h), likewise.
+  m.def("_set_dnnl_library", &cyxwiz::dnnl::setLibrary, py::arg("path"));
+  m.def("_set_dnnl_enabled", &cyxwiz::dnnl::setEnabled, py::arg("enabled"));
   m.def("build_info", []() {
     py::dict info;
     info["version"] = CYXWIZ_VERSION;
@@ -34,6 +38,7 @@ void init_info(py::module_& m) {
     info["blas_threads"] = cyxwiz::blas::numThreads();
     info["blas_threads_policy"] = threadPolicy;
     info["blas16"] = cyxwiz::blas16::info();
+    info["conv"] = cyxwiz::dnnl::info();
     cudaBuildInfo(info);
     return info;
   }, "What this build contains: compiler, BLAS, CUDA/NCCL (present or not).");

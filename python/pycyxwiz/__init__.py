@@ -63,7 +63,7 @@ from ._core import (  # noqa: F401
     set_num_threads,
     set_rng_state,
 )
-from ._core import _configure_threads, _set_blas16_library
+from ._core import _configure_threads, _set_blas16_library, _set_dnnl_library
 from . import distributed  # noqa: F401,E402
 
 _configure_threads()  # BLAS threads: see docs/engine.md "Threads and randomness"
@@ -82,3 +82,18 @@ def _mkl_runtime():
 
 
 _set_blas16_library(_mkl_runtime())
+
+
+def _onednn_runtime():
+    """oneDNN's library from the `onednn-cpu-gomp` wheel, for the convolutions' kernels (docs/engine.md,
+    "Shapes"); "" when it is not installed or CYXWIZ_ONEDNN=0. Opened at the first convolution."""
+    if _os.environ.get("CYXWIZ_ONEDNN", "1").strip().lower() in ("0", "false", "no", "off"):
+        return ""
+    import glob as _glob
+    import sys as _sys
+
+    found = sorted(_glob.glob(_os.path.join(_sys.prefix, "lib", "libdnnl.so.3*")))  # the Linux wheel's layout
+    return found[0] if found else ""
+
+
+_set_dnnl_library(_onednn_runtime())

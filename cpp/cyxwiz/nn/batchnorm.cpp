@@ -1,9 +1,11 @@
 #include "cyxwiz/nn/batchnorm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/common/parallel.h"
 
 namespace cyxwiz::nn {
 
@@ -11,6 +13,52 @@ namespace {
 
 std::mutex reduceMutex;
 StatsAllReduce installedReduce;
+
+// f(c) for every channel, split over the threads when there is enough work (`perChannel` values each).
+template <typename F>
+void forChannels(int64_t channels, int64_t perChannel, F f) {
+  parallelFor(channels, std::max<int64_t>(1, 16384 / std::max<int64_t>(perChannel, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) f(c);
+  });
+}
+
+// Sums in float64 over 8 independent lanes: vectorised, and as exact as the statistics need.
+double sum(const float* v, int64_t n) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) lane[k] += v[i + k];
+  }
+  double s = 0.0;
+  for (; i < n; ++i) s += v[i];
+  for (double l : lane) s += l;
+  return s;
+}
+
+double squaredDeviations(const float* v, int64_t n, double mean) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) lane[k] += (v[i + k] - mean) * (v[i + k] - mean);
+  }
+  double s = 0.0;
+  for (; i < n; ++i) s += (v[i] - mean) * (v[i] - mean);
+  for (double l : lane) s += l;
+  return s;
+}
+
+// sum(d * (v - mean))
+double deviationDot(const float* d, const float* v, int64_t n, double mean) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) lane[k] += d[i + k] * (v[i + k] - mean);
+  }
+  double s = 0.0;
+  for (; i < n; ++i) s += d[i] * (v[i] - mean);
+  for (double l : lane) s += l;
+  return s;
+}
 
 }  // namespace
 
@@ -68,14 +116,9 @@ Tensor BatchNormModule::forward(const Tensor& input) {
   if (training_) {
     // Sums per channel, then the count: one message when synchronised.
     std::vector<double> sums(static_cast<size_t>(C + 1), 0.0);
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t c = 0; c < C; ++c) {
-        const float* v = x + (n * C + c) * S;
-        double s = 0.0;
-        for (int64_t i = 0; i < S; ++i) s += v[i];
-        sums[c] += s;
-      }
-    }
+    forChannels(C, N * S, [&](int64_t c) {
+      for (int64_t n = 0; n < N; ++n) sums[c] += sum(x + (n * C + c) * S, S);
+    });
     sums[C] = static_cast<double>(N * S);
     reduce(sums);
     count_ = sums[C];
@@ -84,14 +127,9 @@ Tensor BatchNormModule::forward(const Tensor& input) {
     for (int64_t c = 0; c < C; ++c) mean_[c] = sums[c] / count_;
     // Squared deviations from the (global) mean: two passes, as exact as the data allows.
     std::vector<double> squares(static_cast<size_t>(C), 0.0);
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t c = 0; c < C; ++c) {
-        const float* v = x + (n * C + c) * S;
-        double s = 0.0;
-        for (int64_t i = 0; i < S; ++i) s += (v[i] - mean_[c]) * (v[i] - mean_[c]);
-        squares[c] += s;
-      }
-    }
+    forChannels(C, N * S, [&](int64_t c) {
+      for (int64_t n = 0; n < N; ++n) squares[c] += squaredDeviations(x + (n * C + c) * S, S, mean_[c]);
+    });
     reduce(squares);
     float* rm = runningMean_.value.data<float>();
     float* rv = runningVar_.value.data<float>();
@@ -115,15 +153,15 @@ Tensor BatchNormModule::forward(const Tensor& input) {
   float* y = output.data<float>();
   const float* w = weight_.value.data<float>();
   const float* b = bias_.value.data<float>();
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t c = 0; c < C; ++c) {
-      const double scale = w[c] * invstd_[c];
-      const float sc = static_cast<float>(scale), sh = static_cast<float>(b[c] - mean_[c] * scale);
+  forChannels(C, N * S, [&](int64_t c) {
+    const double scale = w[c] * invstd_[c];
+    const float sc = static_cast<float>(scale), sh = static_cast<float>(b[c] - mean_[c] * scale);
+    for (int64_t n = 0; n < N; ++n) {
       const float* v = x + (n * C + c) * S;
       float* out = y + (n * C + c) * S;
       for (int64_t i = 0; i < S; ++i) out[i] = v[i] * sc + sh;
     }
-  }
+  });
   input_ = keepForBackward(input);
   return output;
 }
@@ -135,19 +173,14 @@ Tensor BatchNormModule::backward(const Tensor& gradOutput) {
   const float* g = gradOutput.data<float>();
   // Per channel: sum(dy) and sum(dy * xhat), xhat the normalised input.
   std::vector<double> sums(static_cast<size_t>(2 * C), 0.0);
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t c = 0; c < C; ++c) {
+  forChannels(C, N * S, [&](int64_t c) {
+    for (int64_t n = 0; n < N; ++n) {
       const float* v = x + (n * C + c) * S;
       const float* d = g + (n * C + c) * S;
-      double sdy = 0.0, sdyx = 0.0;
-      for (int64_t i = 0; i < S; ++i) {
-        sdy += d[i];
-        sdyx += d[i] * (v[i] - mean_[c]);
-      }
-      sums[c] += sdy;
-      sums[C + c] += sdyx * invstd_[c];
+      sums[c] += sum(d, S);
+      sums[C + c] += deviationDot(d, v, S, mean_[c]) * invstd_[c];
     }
-  }
+  });
   float* dw = weight_.grad.data<float>();
   float* db = bias_.grad.data<float>();
   for (int64_t c = 0; c < C; ++c) {
@@ -160,24 +193,21 @@ Tensor BatchNormModule::backward(const Tensor& gradOutput) {
   float* dx = gradInput.data<float>();
   const float* w = weight_.value.data<float>();
   if (batchStats_) reduce(sums);  // the gradient flows through the statistics of every rank's rows
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t c = 0; c < C; ++c) {
-      const double k = w[c] * invstd_[c];
+  forChannels(C, N * S, [&](int64_t c) {
+    const double k = w[c] * invstd_[c];
+    // dx = w invstd (dy - mean(dy) - xhat mean(dy xhat)) = a dy + b (x - mean) + c0 per channel, in
+    // float (x - mean as the forward took it: no cancellation of large terms).
+    const double meanDy = batchStats_ ? sums[c] / count_ : 0.0;
+    const double meanDyXhat = batchStats_ ? sums[C + c] / count_ : 0.0;
+    const float a = static_cast<float>(k), bx = static_cast<float>(-k * meanDyXhat * invstd_[c]),
+                c0 = static_cast<float>(-k * meanDy), m = static_cast<float>(mean_[c]);
+    for (int64_t n = 0; n < N; ++n) {
       const float* v = x + (n * C + c) * S;
       const float* d = g + (n * C + c) * S;
       float* out = dx + (n * C + c) * S;
-      if (!batchStats_) {
-        for (int64_t i = 0; i < S; ++i) out[i] = static_cast<float>(d[i] * k);
-        continue;
-      }
-      // dx = w invstd (dy - mean(dy) - xhat mean(dy xhat))
-      const double meanDy = sums[c] / count_, meanDyXhat = sums[C + c] / count_;
-      for (int64_t i = 0; i < S; ++i) {
-        const double xhat = (v[i] - mean_[c]) * invstd_[c];
-        out[i] = static_cast<float>(k * (d[i] - meanDy - xhat * meanDyXhat));
-      }
+      for (int64_t i = 0; i < S; ++i) out[i] = a * d[i] + bx * (v[i] - m) + c0;
     }
-  }
+  });
   return gradInput;
 }
 

@@ -1,10 +1,12 @@
 #include "cyxwiz/nn/conv2d.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/tensor/blas.h"
+#include "cyxwiz/tensor/dnnl.h"
 #include "cyxwiz/tensor/random.h"
 
 namespace cyxwiz::nn {
@@ -81,31 +83,72 @@ Shape Conv2DModule::outputShape(const Shape& input) const {
   return out;
 }
 
+namespace {
+
+// Samples per im2col chunk: enough output positions for an efficient GEMM (a chunk of several small
+// images is one product), few enough that the column matrix stays in the cache (<= 2 MiB) while the
+// GEMM reads it. One sample per chunk writes the GEMM's result straight into the output.
+int64_t chunkSamples(const ConvGeometry& g) {
+  const int64_t P = g.outHeight() * g.outWidth();
+  int64_t nb = std::max<int64_t>(1, (512 + P - 1) / P);
+  const int64_t perSample = std::max<int64_t>(1, g.rows() * P * static_cast<int64_t>(sizeof(float)));
+  nb = std::min(nb, std::max<int64_t>(1, (int64_t(2) << 20) / perSample));
+  return std::min(nb, g.batch);
+}
+
+// The chunk of `count` samples starting at `first`, as a geometry of its own.
+ConvGeometry chunkOf(ConvGeometry g, int64_t count) {
+  g.batch = count;
+  return g;
+}
+
+}  // namespace
+
+dnnl::ConvShape Conv2DModule::kernelShape(const Shape& input) const {
+  const ConvGeometry g = geometry(input);
+  return {g.batch, g.channels, g.height, g.width, out_, g.outHeight(), g.outWidth(), g.kh, g.kw, g.sh, g.sw,
+          g.ph, g.pw, g.dh, g.dw, groups_, hasBias_};
+}
+
 Tensor Conv2DModule::forward(const Tensor& input) {
   requireHostInput(input, repr() + ".forward", 4, "(N, C, H, W)");
   const Shape outShape = outputShape(input.shape());
   const ConvGeometry g = geometry(input.shape());
-  const int64_t P = g.outHeight() * g.outWidth(), NP = g.cols();
+  const int64_t P = g.outHeight() * g.outWidth(), inSample = g.channels * g.height * g.width;
   const int64_t Og = out_ / groups_, Kg = g.rows() / groups_;
-  std::vector<float> cols(static_cast<size_t>(g.rows() * NP));
-  im2col(g, input.data<float>(), cols.data());
-  // y'[out, N*P]: one GEMM per group, over the whole batch at once.
-  std::vector<float> y(static_cast<size_t>(out_ * NP));
-  const float* w = weight_.value.data<float>();
-  for (int64_t k = 0; k < groups_; ++k) {
-    blas::sgemm(false, false, Og, NP, Kg, 1.0f, w + k * Og * Kg, Kg, cols.data() + k * Kg * NP, NP, 0.0f,
-                y.data() + k * Og * NP, NP);
-  }
-  // (out, N, P) -> (N, out, P), adding the bias.
   Tensor output = Tensor::empty(outShape);
   float* o = output.data<float>();
+  const float* x = input.data<float>();
+  const float* w = weight_.value.data<float>();
   const float* b = hasBias_ ? bias_.value.data<float>() : nullptr;
-  for (int64_t n = 0; n < g.batch; ++n) {
-    for (int64_t c = 0; c < out_; ++c) {
-      const float* src = y.data() + c * NP + n * P;
-      float* dst = o + (n * out_ + c) * P;
-      const float add = b ? b[c] : 0.0f;
-      for (int64_t p = 0; p < P; ++p) dst[p] = src[p] + add;
+  if (dnnl::available() && dnnl::convForward(kernelShape(input.shape()), x, w, b, o)) {
+    input_ = keepForBackward(input);
+    return output;
+  }
+  const int64_t nb = chunkSamples(g);
+  std::vector<float> cols(static_cast<size_t>(g.rows() * nb * P));
+  std::vector<float> y(nb > 1 ? static_cast<size_t>(out_ * nb * P) : 0);
+  for (int64_t n0 = 0; n0 < g.batch; n0 += nb) {
+    const int64_t count = std::min(nb, g.batch - n0), NP = count * P;
+    im2col(chunkOf(g, count), x + n0 * inSample, cols.data());
+    // y'[out, count*P] = W cols, one GEMM per group; with one sample y' is the output itself.
+    float* dst = count == 1 ? o + n0 * out_ * P : y.data();
+    for (int64_t k = 0; k < groups_; ++k) {
+      blas::sgemm(false, false, Og, NP, Kg, 1.0f, w + k * Og * Kg, Kg, cols.data() + k * Kg * NP, NP, 0.0f,
+                  dst + k * Og * NP, NP);
+    }
+    // (out, count, P) -> (count, out, P), adding the bias.
+    for (int64_t n = 0; n < count; ++n) {
+      for (int64_t c = 0; c < out_; ++c) {
+        float* row = o + ((n0 + n) * out_ + c) * P;
+        const float add = b ? b[c] : 0.0f;
+        if (count == 1) {
+          if (b) for (int64_t p = 0; p < P; ++p) row[p] += add;
+          continue;
+        }
+        const float* src = y.data() + c * NP + n * P;
+        for (int64_t p = 0; p < P; ++p) row[p] = src[p] + add;
+      }
     }
   }
   input_ = keepForBackward(input);
@@ -115,45 +158,89 @@ Tensor Conv2DModule::forward(const Tensor& input) {
 Tensor Conv2DModule::backward(const Tensor& gradOutput) {
   requireForward(input_);
   checkBackward(input_, gradOutput, outputShape(input_.shape()));
-  const ConvGeometry g = geometry(input_.shape());
-  const int64_t P = g.outHeight() * g.outWidth(), NP = g.cols();
-  const int64_t Og = out_ / groups_, Kg = g.rows() / groups_;
-  // dy'[out, N*P] from dy (N, out, P); db = its row sums.
-  std::vector<float> dy(static_cast<size_t>(out_ * NP));
-  const float* go = gradOutput.data<float>();
-  for (int64_t n = 0; n < g.batch; ++n) {
-    for (int64_t c = 0; c < out_; ++c) {
-      const float* src = go + (n * out_ + c) * P;
-      std::copy(src, src + P, dy.data() + c * NP + n * P);
+  const dnnl::ConvShape shape = kernelShape(input_.shape());
+  const bool oneDnn = dnnl::available() &&
+                      dnnl::convBackwardWeights(shape, input_.data<float>(), gradOutput.data<float>(),
+                                                weight_.grad.data<float>(), hasBias_ ? bias_.grad.data<float>() : nullptr);
+  if (!oneDnn) weightGradsIm2col(gradOutput);
+  gradsReady();
+  if (!needInputGrad_) return Tensor();
+  if (oneDnn) {
+    Tensor gradInput = Tensor::empty(input_.shape());
+    if (dnnl::convBackwardData(shape, gradOutput.data<float>(), weight_.value.data<float>(), gradInput.data<float>())) {
+      return gradInput;
     }
   }
+  return inputGradIm2col(gradOutput);
+}
+
+// dy'[out, count*P] of the chunk of `count` samples from `first`: the gradient itself for one sample,
+// else gathered from (count, out, P) into `buffer`.
+const float* Conv2DModule::chunkGradient(const float* go, int64_t first, int64_t count, int64_t P,
+                                         std::vector<float>& buffer) const {
+  if (count == 1) return go + first * out_ * P;
+  buffer.resize(static_cast<size_t>(out_ * count * P));
+  for (int64_t n = 0; n < count; ++n) {
+    for (int64_t c = 0; c < out_; ++c) {
+      const float* src = go + ((first + n) * out_ + c) * P;
+      std::copy(src, src + P, buffer.data() + c * count * P + n * P);
+    }
+  }
+  return buffer.data();
+}
+
+void Conv2DModule::weightGradsIm2col(const Tensor& gradOutput) {
+  const ConvGeometry g = geometry(input_.shape());
+  const int64_t P = g.outHeight() * g.outWidth(), inSample = g.channels * g.height * g.width;
+  const int64_t Og = out_ / groups_, Kg = g.rows() / groups_;
+  const int64_t nb = chunkSamples(g);
+  const float* go = gradOutput.data<float>();
   if (hasBias_) {
     float* db = bias_.grad.data<float>();
     for (int64_t c = 0; c < out_; ++c) {
       double sum = 0.0;
-      const float* row = dy.data() + c * NP;
-      for (int64_t i = 0; i < NP; ++i) sum += row[i];
+      for (int64_t n = 0; n < g.batch; ++n) {
+        const float* row = go + (n * out_ + c) * P;
+        for (int64_t p = 0; p < P; ++p) sum += row[p];
+      }
       db[c] += static_cast<float>(sum);
     }
   }
-  std::vector<float> cols(static_cast<size_t>(g.rows() * NP));
-  im2col(g, input_.data<float>(), cols.data());
+  // dW_g += dy'_g cols_g^T, chunk by chunk (beta = 1 is the accumulation).
+  std::vector<float> cols(static_cast<size_t>(g.rows() * nb * P)), gathered;
   float* dw = weight_.grad.data<float>();
-  // dW_g += dy'_g cols_g^T ; beta = 1 is the accumulation.
-  for (int64_t k = 0; k < groups_; ++k) {
-    blas::sgemm(false, true, Og, Kg, NP, 1.0f, dy.data() + k * Og * NP, NP, cols.data() + k * Kg * NP, NP, 1.0f,
-                dw + k * Og * Kg, Kg);
+  const float* x = input_.data<float>();
+  for (int64_t n0 = 0; n0 < g.batch; n0 += nb) {
+    const int64_t count = std::min(nb, g.batch - n0), NP = count * P;
+    const float* dy = chunkGradient(go, n0, count, P, gathered);
+    im2col(chunkOf(g, count), x + n0 * inSample, cols.data());
+    for (int64_t k = 0; k < groups_; ++k) {
+      blas::sgemm(false, true, Og, Kg, NP, 1.0f, dy + k * Og * NP, NP, cols.data() + k * Kg * NP, NP, 1.0f,
+                  dw + k * Og * Kg, Kg);
+    }
   }
-  gradsReady();
-  if (!needInputGrad_) return Tensor();
-  // dcols_g = W_g^T dy'_g, then scattered back onto the image.
+}
+
+Tensor Conv2DModule::inputGradIm2col(const Tensor& gradOutput) {
+  const ConvGeometry g = geometry(input_.shape());
+  const int64_t P = g.outHeight() * g.outWidth(), inSample = g.channels * g.height * g.width;
+  const int64_t Og = out_ / groups_, Kg = g.rows() / groups_;
+  const int64_t nb = chunkSamples(g);
+  const float* go = gradOutput.data<float>();
+  // dcols_g = W_g^T dy'_g, scattered back onto the image.
+  std::vector<float> cols(static_cast<size_t>(g.rows() * nb * P)), gathered;
   const float* w = weight_.value.data<float>();
-  for (int64_t k = 0; k < groups_; ++k) {
-    blas::sgemm(true, false, Kg, NP, Og, 1.0f, w + k * Og * Kg, Kg, dy.data() + k * Og * NP, NP, 0.0f,
-                cols.data() + k * Kg * NP, NP);
-  }
   Tensor gradInput = Tensor::zeros(input_.shape());
-  col2imAdd(g, cols.data(), gradInput.data<float>());
+  float* dx = gradInput.data<float>();
+  for (int64_t n0 = 0; n0 < g.batch; n0 += nb) {
+    const int64_t count = std::min(nb, g.batch - n0), NP = count * P;
+    const float* dy = chunkGradient(go, n0, count, P, gathered);
+    for (int64_t k = 0; k < groups_; ++k) {
+      blas::sgemm(true, false, Kg, NP, Og, 1.0f, w + k * Og * Kg, Kg, dy + k * Og * NP, NP, 0.0f,
+                  cols.data() + k * Kg * NP, NP);
+    }
+    col2imAdd(chunkOf(g, count), cols.data(), dx + n0 * inSample);
+  }
   return gradInput;
 }
 

@@ -1,12 +1,16 @@
 // Conv2DModule: a 2-D convolution (cross-correlation, as torch.nn.Conv2d) over (N, C, H, W) input.
 // Weight (out_channels, in_channels / groups, kh, kw) and bias (out_channels), torch's layout.
-// CPU kernel: im2col over the whole batch, then one sgemm per group (nn/im2col.h).
+// CPU kernels: oneDNN's when the onednn-cpu-gomp wheel is installed (tensor/dnnl.h), else im2col over
+// chunks of samples sized to stay in the cache and one sgemm per group and chunk (nn/im2col.h).
 #pragma once
 
 #include <array>
 
+#include <vector>
+
 #include "cyxwiz/nn/im2col.h"
 #include "cyxwiz/nn/module.h"
+#include "cyxwiz/tensor/dnnl.h"
 
 namespace cyxwiz::nn {
 
@@ -43,6 +47,11 @@ class Conv2DModule : public Module {
 
  private:
   ConvGeometry geometry(const Shape& input) const;
+  dnnl::ConvShape kernelShape(const Shape& input) const;
+  // The im2col path of backward (without oneDNN, or for a shape it refuses).
+  void weightGradsIm2col(const Tensor& gradOutput);
+  Tensor inputGradIm2col(const Tensor& gradOutput);
+  const float* chunkGradient(const float* go, int64_t first, int64_t count, int64_t P, std::vector<float>& buffer) const;
 
   int64_t in_, out_;
   Pair kernel_, stride_, padding_, dilation_;

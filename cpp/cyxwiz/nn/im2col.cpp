@@ -44,7 +44,8 @@ void forEachRun(const ConvGeometry& g, F f) {
 
 void im2col(const ConvGeometry& g, const float* x, float* cols) {
   const int64_t OH = g.outHeight(), OW = g.outWidth(), P = OH * OW;
-  std::memset(cols, 0, static_cast<size_t>(g.rows() * g.cols()) * sizeof(float));
+  // Without padding every entry is written below; with it, the positions outside the image stay 0.
+  if (g.ph > 0 || g.pw > 0) std::memset(cols, 0, static_cast<size_t>(g.rows() * g.cols()) * sizeof(float));
   forEachRun(g, [&](int64_t row, int64_t n, int64_t c, int64_t oh, int64_t ih, int64_t owFirst, int64_t owLast,
                     int64_t wStart) {
     const float* in = x + ((n * g.channels + c) * g.height + ih) * g.width + wStart;

@@ -1,9 +1,12 @@
 #include "cyxwiz/nn/pool2d.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 #include <limits>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/common/parallel.h"
 
 namespace cyxwiz::nn {
 
@@ -50,52 +53,104 @@ Shape Pool2DModule::outputShape(const Shape& input) const {
   return out;
 }
 
+namespace {
+
+// The input rows (or columns) [begin, end) each output row (column) pools over, clipped to the image.
+struct Windows {
+  std::vector<int64_t> begin, end;
+  Windows(int64_t outSize, int64_t stride, int64_t pad, int64_t pool, int64_t size) {
+    for (int64_t o = 0; o < outSize; ++o) {
+      const int64_t first = o * stride - pad;
+      begin.push_back(std::max<int64_t>(first, 0));
+      end.push_back(std::min(first + pool, size));
+    }
+  }
+};
+
+}  // namespace
+
 Tensor Pool2DModule::forward(const Tensor& input) {
   requireHostInput(input, repr() + ".forward", 4, "(N, C, H, W)");
   const Shape outShape = outputShape(input.shape());
   const int64_t H = input.size(2), W = input.size(3), OH = outShape[2], OW = outShape[3];
   const int64_t planes = input.size(0) * input.size(1);
   CYX_CHECK(H * W <= std::numeric_limits<int32_t>::max(), repr(), ": an image plane of ", H, " x ", W, " is too large");
+  const Windows rows(OH, stride_[0], padding_[0], pool_[0], H), cols(OW, stride_[1], padding_[1], pool_[1], W);
   Tensor output = Tensor::empty(outShape);
   const float* x = input.data<float>();
   float* y = output.data<float>();
-  if (max_) argmax_.assign(static_cast<size_t>(planes * OH * OW), 0);
-  const float divisor = static_cast<float>(pool_[0] * pool_[1]);  // count_include_pad
-  for (int64_t p = 0; p < planes; ++p) {
+  if (max_) argmax_.resize(static_cast<size_t>(planes * OH * OW));
+  const float inverse = 1.0f / static_cast<float>(pool_[0] * pool_[1]);  // count_include_pad
+  // Output columns whose window lies inside the image: max pooling runs them as a vector loop over
+  // the columns (a window's elements one after the other, so ties still go to the first).
+  int64_t inFirst = OW, inLast = OW;
+  for (int64_t ow = 0; ow < OW; ++ow) {
+    const bool inside = ow * stride_[1] - padding_[1] >= 0 && ow * stride_[1] - padding_[1] + pool_[1] <= W;
+    if (inside && inFirst == OW) inFirst = ow;
+    if (inside) inLast = ow + 1;
+  }
+  parallelFor(planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(H * W, 1)), [&](int64_t first, int64_t last) {
+  std::vector<float> best(static_cast<size_t>(OW));
+  std::vector<int32_t> where(static_cast<size_t>(OW));
+  for (int64_t p = first; p < last; ++p) {
     const float* plane = x + p * H * W;
+    float* out = y + p * OH * OW;
+    int32_t* arg = max_ ? argmax_.data() + p * OH * OW : nullptr;
     for (int64_t oh = 0; oh < OH; ++oh) {
-      const int64_t h0 = oh * stride_[0] - padding_[0];
-      const int64_t hBegin = std::max<int64_t>(h0, 0), hEnd = std::min(h0 + pool_[0], H);
+      const int64_t h0 = rows.begin[oh], h1 = rows.end[oh];
+      if (max_ && inFirst < inLast) {
+        const int64_t sw = stride_[1];
+        for (int64_t ow = inFirst; ow < inLast; ++ow) {
+          best[ow] = -std::numeric_limits<float>::infinity();
+          where[ow] = static_cast<int32_t>(h0 * W + ow * sw - padding_[1]);
+        }
+        for (int64_t h = h0; h < h1; ++h) {
+          for (int64_t j = 0; j < pool_[1]; ++j) {
+            const int64_t offset = h * W - padding_[1] + j;
+            const float* src = plane + offset;
+            float* b = best.data();
+            int32_t* wh = where.data();
+            for (int64_t ow = inFirst; ow < inLast; ++ow) {
+              const float v = src[ow * sw];
+              const bool take = (v > b[ow]) | (v != v);  // torch's rule: a larger value or a NaN
+              b[ow] = take ? v : b[ow];
+              wh[ow] = take ? static_cast<int32_t>(offset + ow * sw) : wh[ow];
+            }
+          }
+        }
+        for (int64_t ow = inFirst; ow < inLast; ++ow) {
+          out[oh * OW + ow] = best[ow];
+          arg[oh * OW + ow] = where[ow];
+        }
+      }
       for (int64_t ow = 0; ow < OW; ++ow) {
-        const int64_t w0 = ow * stride_[1] - padding_[1];
-        const int64_t wBegin = std::max<int64_t>(w0, 0), wEnd = std::min(w0 + pool_[1], W);
-        const int64_t o = (p * OH + oh) * OW + ow;
+        if (max_ && ow >= inFirst && ow < inLast) continue;
+        const int64_t w0 = cols.begin[ow], w1 = cols.end[ow];
         if (max_) {
-          // The first maximum in row-major order wins, and a NaN propagates: torch's rule.
-          int64_t best = hBegin * W + wBegin;
+          int64_t at = h0 * W + w0;
           float value = -std::numeric_limits<float>::infinity();
-          for (int64_t h = hBegin; h < hEnd; ++h) {
-            for (int64_t w = wBegin; w < wEnd; ++w) {
+          for (int64_t h = h0; h < h1; ++h) {
+            for (int64_t w = w0; w < w1; ++w) {
               const float v = plane[h * W + w];
-              if (v > value || std::isnan(v)) {
+              if (v > value || v != v) {
                 value = v;
-                best = h * W + w;
-                if (std::isnan(v)) h = hEnd - 1, w = wEnd - 1;
+                at = h * W + w;
               }
             }
           }
-          y[o] = value;
-          argmax_[static_cast<size_t>(o)] = static_cast<int32_t>(best);
+          out[oh * OW + ow] = value;
+          arg[oh * OW + ow] = static_cast<int32_t>(at);
         } else {
           float sum = 0.0f;
-          for (int64_t h = hBegin; h < hEnd; ++h) {
-            for (int64_t w = wBegin; w < wEnd; ++w) sum += plane[h * W + w];
+          for (int64_t h = h0; h < h1; ++h) {
+            for (int64_t w = w0; w < w1; ++w) sum += plane[h * W + w];
           }
-          y[o] = sum / divisor;
+          out[oh * OW + ow] = sum * inverse;
         }
       }
     }
   }
+  });
   inputShape_ = input.shape();
   return output;
 }
@@ -109,7 +164,8 @@ Tensor Pool2DModule::backward(const Tensor& gradOutput) {
   float* dx = gradInput.data<float>();
   const float* g = gradOutput.data<float>();
   const float divisor = static_cast<float>(pool_[0] * pool_[1]);
-  for (int64_t p = 0; p < planes; ++p) {
+  parallelFor(planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(H * W, 1)), [&](int64_t first, int64_t last) {
+  for (int64_t p = first; p < last; ++p) {
     float* plane = dx + p * H * W;
     for (int64_t oh = 0; oh < OH; ++oh) {
       const int64_t h0 = oh * stride_[0] - padding_[0];
@@ -129,6 +185,7 @@ Tensor Pool2DModule::backward(const Tensor& gradOutput) {
       }
     }
   }
+  });
   return gradInput;
 }
 

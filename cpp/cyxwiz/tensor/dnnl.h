@@ -1,0 +1,39 @@
+// Convolutions from oneDNN (the onednn-cpu-gomp wheel, loaded at run time like oneMKL in blas16.h):
+// its JIT kernels for this CPU's widest vector units (AVX-512 where the CPU has it, on any vendor)
+// behind Conv2DModule, in place of im2col + OpenBLAS sgemm. Plain NCHW/OIHW arrays go in and out; the
+// blocked layouts oneDNN prefers are reorders inside each call, as torch's eager CPU convolution does.
+// Optional: without the library, with CYXWIZ_ONEDNN=0, or for a shape oneDNN refuses, the im2col path
+// runs. Threads follow cx.set_num_threads (OpenMP threads of the library's libgomp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace cyxwiz::dnnl {
+
+// Where libdnnl is; opened at the first convolution, not before. An empty path forgets it.
+void setLibrary(const std::string& path);
+// Whether convolutions go to oneDNN: a library is set, opens, has every symbol, and is enabled.
+bool available();
+// Tests and benchmarks: route convolutions to oneDNN (true, when available) or to im2col.
+void setEnabled(bool enabled);
+// "oneDNN 3.2.0 (convolution)", or why not.
+std::string info();
+
+// A 2-D convolution as torch.nn.Conv2d computes it, float32, NCHW input, (O, C/groups, kh, kw) weight.
+struct ConvShape {
+  int64_t batch, channels, height, width, outChannels, outHeight, outWidth;
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw, groups;
+  bool bias;
+  bool operator==(const ConvShape& o) const;
+};
+
+// Each returns false when oneDNN has no kernel for the shape (the caller then computes it itself).
+// y = conv(x, w) + b
+bool convForward(const ConvShape& s, const float* x, const float* w, const float* b, float* y);
+// dw += dconv/dw, db += the sums of dy (when b and db are given)
+bool convBackwardWeights(const ConvShape& s, const float* x, const float* dy, float* dw, float* db);
+// dx = dconv/dx
+bool convBackwardData(const ConvShape& s, const float* dy, const float* w, float* dx);
+
+}  // namespace cyxwiz::dnnl
