@@ -181,10 +181,13 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--out", default="", help="also write the table to this markdown file")
+    p.add_argument("--quick", action="store_true", help="CI smoke run: one thread, one round of 2 steps")
     args = p.parse_args()
+    if args.quick:
+        args.threads, args.rounds, args.steps, args.warmup = [1], 1, 2, 1
     lines = [f"# CNN training step, pycyxwiz vs PyTorch ({datetime.date.today()})", "",
              f"Machine: {cpu_name()}, {platform.machine()}; torch {torch.__version__ if torch else 'not installed'}; "
-             f"{cx.build_info().get('blas', 'BLAS ?') if isinstance(cx.build_info(), dict) else ''}",
+             f"convolutions: {cx.build_info()['conv']}",
              f"Batch {BATCH} of 3x32x32, Adam; {args.rounds} interleaved rounds of {args.steps} steps "
              f"(+{args.warmup} warm-up); median of the round medians (min..max).", "",
              "| model | threads | pycyxwiz ms | torch ms | torch / pycyxwiz |", "|---|---|---|---|---|"]
