@@ -25,7 +25,7 @@ HEADER = Path(sys.prefix) / "include" / "oneapi" / "dnnl" / "dnnl.h"
 
 CONSTANTS = {
     "kSuccess": "dnnl_success", "kEngineCpu": "dnnl_cpu", "kStreamInOrder": "dnnl_stream_in_order",
-    "kF32": "dnnl_f32", "kBF16": "dnnl_bf16", "kTagAny": "dnnl_format_tag_any", "kTagA": "dnnl_a",
+    "kUndef": "dnnl_data_type_undef", "kF32": "dnnl_f32", "kBF16": "dnnl_bf16", "kTagAny": "dnnl_format_tag_any", "kTagA": "dnnl_a",
     "kTagAB": "dnnl_ab", "kTagABCD": "dnnl_abcd", "kTagABCDE": "dnnl_abcde",
     "kForwardTraining": "dnnl_forward_training", "kBackwardData": "dnnl_backward_data",
     "kBackwardWeights": "dnnl_backward_weights", "kConvolutionDirect": "dnnl_convolution_direct",
@@ -52,6 +52,11 @@ FUNCTIONS = {
     "pdQuery": "dnnl_primitive_desc_query", "pdDestroy": "dnnl_primitive_desc_destroy",
     "primitiveCreate": "dnnl_primitive_create", "primitiveDestroy": "dnnl_primitive_destroy",
     "primitiveExecute": "dnnl_primitive_execute",
+    "memoryDescCreateWithStrides": "dnnl_memory_desc_create_with_strides",
+    "matmulPdCreate": "dnnl_matmul_primitive_desc_create", "attrCreate": "dnnl_primitive_attr_create",
+    "attrDestroy": "dnnl_primitive_attr_destroy", "postOpsCreate": "dnnl_post_ops_create",
+    "postOpsDestroy": "dnnl_post_ops_destroy", "postOpsAppendSum": "dnnl_post_ops_append_sum",
+    "attrSetPostOps": "dnnl_primitive_attr_set_post_ops",
 }
 
 

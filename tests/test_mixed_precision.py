@@ -18,12 +18,17 @@ import pytest
 import pycyxwiz as cx
 
 DTYPES = ["bfloat16", "float16"]
-# bfloat16 products go to oneMKL's cblas_gemm_bf16bf16f32 when the mkl wheel is installed (CI installs
-# it), else to the widened sgemm path; both must meet the same oracle.
+# bfloat16 products go to oneMKL's cblas_gemm_bf16bf16f32 (the mkl wheel) or oneDNN's matmul (the
+# onednn-cpu-gomp wheel), whichever the first product measures fastest, else to the widened sgemm path
+# (CI installs both wheels); each must meet the same oracle.
 ONEMKL = "cblas_gemm_bf16bf16f32, sequential" in cx.build_info()["blas16"]
+ONEDNN = cx.build_info()["conv"].startswith("oneDNN")
 PRODUCTS = [pytest.param(("bfloat16", "onemkl"), id="bfloat16-onemkl",
                          marks=pytest.mark.skipif(not ONEMKL, reason="oneMKL (pip install mkl) is not installed: "
                                                   "bfloat16 products take the widened sgemm path only")),
+            pytest.param(("bfloat16", "onednn"), id="bfloat16-onednn",
+                         marks=pytest.mark.skipif(not ONEDNN, reason="oneDNN (pip install onednn-cpu-gomp) is not "
+                                                  "installed")),
             pytest.param(("bfloat16", "sgemm"), id="bfloat16-sgemm"),
             pytest.param(("float16", "sgemm"), id="float16-sgemm")]
 
@@ -44,11 +49,11 @@ def round16(x, dtype):
 def products(request):
     """(dtype, path): the 16-bit type and where its products are computed, for the duration of a test."""
     dtype, path = request.param
-    cx._core._set_blas16_enabled(path == "onemkl")
-    if path == "onemkl":
-        assert "disabled" not in cx.build_info()["blas16"]
+    cx._core._set_blas16_provider(path)
+    if path != "sgemm":
+        assert {"onemkl": "oneMKL", "onednn": "oneDNN"}[path] + " (forced)" in cx.build_info()["blas16"]
     yield dtype
-    cx._core._set_blas16_enabled(True)
+    cx._core._set_blas16_provider("auto")
 
 
 def assert_float32_accumulation(got, a, b, name):
@@ -450,3 +455,30 @@ def test_checkpointed_segments_recompute_under_the_forwards_autocast(dtype):
     # A replay in float32 (backward outside autocast) gives other gradients: this fails without the
     # autocast state kept per segment.
     assert np.array_equal(g1, g3) and np.array_equal(p1, p3)
+
+
+# ---- the bfloat16 GEMM provider: measured at the first product, or forced by CYXWIZ_BF16_GEMM ----------
+
+def _blas16_info(env_value):
+    import os
+    import subprocess
+    import sys
+    code = "import pycyxwiz as cx; print(cx.build_info()['blas16'])"
+    env = {**os.environ, "CYXWIZ_BF16_GEMM": env_value}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_bf16_provider_is_measured_or_forced():
+    auto = _blas16_info("auto")
+    assert auto.returncode == 0, auto.stderr
+    if ONEMKL or ONEDNN:
+        # The choice names every candidate's measured speed, the widened sgemm among them.
+        assert "measured at" in auto.stdout and "widened sgemm" in auto.stdout and "GFLOP/s" in auto.stdout, auto.stdout
+    forced = _blas16_info("sgemm")
+    assert forced.returncode == 0 and "bfloat16 products: widened sgemm (forced)" in forced.stdout, forced.stdout
+
+
+def test_bf16_provider_variable_with_a_bad_value_says_what_it_takes():
+    bad = _blas16_info("fastest")
+    assert bad.returncode != 0
+    assert "CYXWIZ_BF16_GEMM='fastest'" in bad.stderr and "'onednn'" in bad.stderr, bad.stderr

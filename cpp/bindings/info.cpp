@@ -18,7 +18,9 @@ void init_info(py::module_& m) {
   // oneMKL for autocast("bfloat16")'s products (tensor/blas16.h): its path from pycyxwiz/__init__.py;
   // the switch for tests and benchmarks that compare both paths.
   m.def("_set_blas16_library", &cyxwiz::blas16::setLibrary, py::arg("path"));
-  m.def("_set_blas16_enabled", &cyxwiz::blas16::setEnabled, py::arg("enabled"));
+  m.def("_set_blas16_provider", [](const std::string& name) {
+    cyxwiz::blas16::setProvider(cyxwiz::blas16::parseProvider(name));
+  }, py::arg("name"), "'auto' (measure at first use), 'onemkl', 'onednn' or 'sgemm'.");
   // oneDNN for the convolutions (tensor/dnnl.h), likewise.
   m.def("_set_dnnl_library", &cyxwiz::dnnl::setLibrary, py::arg("path"));
   m.def("_set_dnnl_enabled", &cyxwiz::dnnl::setEnabled, py::arg("enabled"));

@@ -63,7 +63,7 @@ from ._core import (  # noqa: F401
     set_num_threads,
     set_rng_state,
 )
-from ._core import _configure_threads, _set_blas16_library, _set_dnnl_library
+from ._core import _configure_threads, _set_blas16_library, _set_blas16_provider, _set_dnnl_library
 from . import distributed  # noqa: F401,E402
 
 _configure_threads()  # BLAS threads: see docs/engine.md "Threads and randomness"
@@ -97,3 +97,5 @@ def _onednn_runtime():
 
 
 _set_dnnl_library(_onednn_runtime())
+# Who computes autocast("bfloat16")'s products on the CPU: measured at the first one (default), or forced.
+_set_blas16_provider(_os.environ.get("CYXWIZ_BF16_GEMM", "auto").strip().lower() or "auto")

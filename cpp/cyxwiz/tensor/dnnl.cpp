@@ -73,6 +73,14 @@ void open(State& s) {
   bind(lib, "dnnl_primitive_destroy", f.primitiveDestroy, missing);
   bind(lib, "dnnl_primitive_execute", f.primitiveExecute, missing);
   bind(lib, "dnnl_version", f.version, missing);
+  bind(lib, "dnnl_memory_desc_create_with_strides", f.memoryDescCreateWithStrides, missing);
+  bind(lib, "dnnl_matmul_primitive_desc_create", f.matmulPdCreate, missing);
+  bind(lib, "dnnl_primitive_attr_create", f.attrCreate, missing);
+  bind(lib, "dnnl_primitive_attr_destroy", f.attrDestroy, missing);
+  bind(lib, "dnnl_post_ops_create", f.postOpsCreate, missing);
+  bind(lib, "dnnl_post_ops_destroy", f.postOpsDestroy, missing);
+  bind(lib, "dnnl_post_ops_append_sum", f.postOpsAppendSum, missing);
+  bind(lib, "dnnl_primitive_attr_set_post_ops", f.attrSetPostOps, missing);
   // The OpenMP runtime this build of oneDNN runs on (a dependency of the library, found through it).
   bind(lib, "omp_set_num_threads", f.ompSetNumThreads, missing);
   if (!missing.empty()) {
@@ -84,7 +92,7 @@ void open(State& s) {
     return;
   }
   const int* v = static_cast<const int*>(f.version());
-  s.info = makeString("oneDNN ", v[0], ".", v[1], ".", v[2], " (convolution) from ", s.path);
+  s.info = makeString("oneDNN ", v[0], ".", v[1], ".", v[2], " (convolution, bfloat16 matmul) from ", s.path);
   s.loaded = true;
 }
 
@@ -293,6 +301,97 @@ std::string info() {
   std::lock_guard<std::mutex> lock(s.mutex);
   if (!s.tried) open(s);
   return s.enabled || !s.loaded ? s.info : s.info + "; disabled";
+}
+
+bool loaded() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.tried) open(s);
+  return s.loaded;
+}
+
+namespace {
+
+struct MatmulKey {
+  bool transA, transB;
+  int64_t M, N, K, lda, ldb, ldc;
+  bool accumulate;
+  int threads;
+  bool operator==(const MatmulKey& o) const {
+    return transA == o.transA && transB == o.transB && M == o.M && N == o.N && K == o.K && lda == o.lda &&
+           ldb == o.ldb && ldc == o.ldc && accumulate == o.accumulate && threads == o.threads;
+  }
+};
+
+struct Matmul {
+  MatmulKey key;
+  bool ok = false;
+  MemoryDesc a, b, c;
+  PrimitiveDesc pd;
+  Primitive primitive;
+};
+
+void build(Matmul& m) {
+  const Functions& f = fn();
+  const MatmulKey& k = m.key;
+  // Logical A (M, K), B (K, N), C (M, N) over the row-major arrays, a transposed operand by its strides.
+  int64_t ad[2] = {k.M, k.K}, bd[2] = {k.K, k.N}, cd[2] = {k.M, k.N};
+  int64_t as[2] = {k.transA ? 1 : k.lda, k.transA ? k.lda : 1}, bs[2] = {k.transB ? 1 : k.ldb, k.transB ? k.ldb : 1},
+          cs[2] = {k.ldc, 1};
+  if (f.memoryDescCreateWithStrides(&m.a.h, 2, ad, kBF16, as) != kSuccess ||
+      f.memoryDescCreateWithStrides(&m.b.h, 2, bd, kBF16, bs) != kSuccess ||
+      f.memoryDescCreateWithStrides(&m.c.h, 2, cd, kF32, cs) != kSuccess) {
+    return;
+  }
+  Handle attr = nullptr, postOps = nullptr;
+  if (k.accumulate) {  // C += A B: a sum post-op
+    if (f.attrCreate(&attr) != kSuccess) return;
+    if (f.postOpsCreate(&postOps) != kSuccess || f.postOpsAppendSum(postOps, 1.0f, 0, kUndef) != kSuccess ||
+        f.attrSetPostOps(attr, postOps) != kSuccess) {
+      if (postOps) f.postOpsDestroy(postOps);
+      f.attrDestroy(attr);
+      return;
+    }
+  }
+  const bool made = f.matmulPdCreate(&m.pd.h, state().engine, m.a.h, m.b.h, nullptr, m.c.h, attr) == kSuccess &&
+                    f.primitiveCreate(&m.primitive.h, m.pd.h) == kSuccess;
+  if (postOps) f.postOpsDestroy(postOps);
+  if (attr) f.attrDestroy(attr);
+  m.ok = made;
+}
+
+}  // namespace
+
+bool gemmBf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+              const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  CYX_CHECK(beta == 0.0f || beta == 1.0f, "dnnl::gemmBf16: beta must be 0 or 1");
+  if (M == 0 || N == 0) return true;
+  static std::mutex mutex;
+  static std::list<std::shared_ptr<Matmul>> cache;
+  const int threads = blas::numThreads();
+  fn().ompSetNumThreads(threads);
+  const MatmulKey key{transA, transB, M, N, K, lda, ldb, ldc, beta == 1.0f, threads};
+  std::shared_ptr<Matmul> m;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto it = cache.begin(); it != cache.end() && !m; ++it) {
+      if ((*it)->key == key) {
+        cache.splice(cache.begin(), cache, it);
+        m = cache.front();
+      }
+    }
+    if (!m) {
+      m = std::make_shared<Matmul>();
+      m->key = key;
+      build(*m);
+      cache.push_front(m);
+      if (cache.size() > 64) cache.pop_back();
+    }
+  }
+  if (!m->ok) return false;
+  Memory a(m->a.h, const_cast<uint16_t*>(A)), b(m->b.h, const_cast<uint16_t*>(B)), c(m->c.h, C);
+  execute(m->primitive.h, {{kArgSrc, a.h}, {kArgWeights, b.h}, {kArgDst, c.h}});
+  return true;
 }
 
 bool convForward(const ConvShape& shape, const float* x, const float* w, const float* b, float* y) {

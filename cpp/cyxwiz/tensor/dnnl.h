@@ -28,6 +28,14 @@ struct ConvShape {
   bool operator==(const ConvShape& o) const;
 };
 
+// Whether the library is loaded, whatever setEnabled says (the bfloat16 products of blas16.h ask).
+bool loaded();
+
+// Row-major C[M,N] = op(A)[M,K] op(B)[K,N] + beta C with A and B bfloat16 bits and C float32, beta 0 or
+// 1: oneDNN's matmul (what torch's CPU autocast uses). False when oneDNN has no kernel for it.
+bool gemmBf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+              const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
 // Each returns false when oneDNN has no kernel for the shape (the caller then computes it itself).
 // y = conv(x, w) + b
 bool convForward(const ConvShape& s, const float* x, const float* w, const float* b, float* y);

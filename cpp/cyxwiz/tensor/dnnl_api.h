@@ -22,7 +22,7 @@ struct ExecArg {             // dnnl_exec_arg_t
 constexpr Status kSuccess = 0;
 constexpr int kEngineCpu = 1;          // dnnl_cpu
 constexpr unsigned kStreamInOrder = 1;  // dnnl_stream_in_order
-constexpr int kF32 = 3, kBF16 = 2;     // dnnl_data_type_t
+constexpr int kUndef = 0, kF32 = 3, kBF16 = 2;  // dnnl_data_type_t
 constexpr int kTagAny = 1, kTagA = 2, kTagAB = 3, kTagABCD = 5, kTagABCDE = 6;  // dnnl_format_tag_t
 constexpr int kForwardTraining = 64, kBackwardData = 160, kBackwardWeights = 192;  // dnnl_prop_kind_t
 constexpr int kConvolutionDirect = 1;  // dnnl_alg_kind_t
@@ -60,6 +60,16 @@ struct Functions {
   Status (*primitiveCreate)(Handle* primitive, ConstHandle pd);
   Status (*primitiveDestroy)(Handle primitive);
   Status (*primitiveExecute)(ConstHandle primitive, Handle stream, int nargs, const ExecArg* args);
+  // bfloat16 matrix products (matmul with strided operands; beta = 1 as a sum post-op)
+  Status (*memoryDescCreateWithStrides)(Handle* md, int ndims, const int64_t* dims, int dtype, const int64_t* strides);
+  Status (*matmulPdCreate)(Handle* pd, Handle engine, ConstHandle src, ConstHandle weights, ConstHandle bias,
+                           ConstHandle dst, ConstHandle attr);
+  Status (*attrCreate)(Handle* attr);
+  Status (*attrDestroy)(Handle attr);
+  Status (*postOpsCreate)(Handle* postOps);
+  Status (*postOpsDestroy)(Handle postOps);
+  Status (*postOpsAppendSum)(Handle postOps, float scale, int32_t zeroPoint, int dtype);
+  Status (*attrSetPostOps)(Handle attr, ConstHandle postOps);
   const void* (*version)();  // const dnnl_version_t*: {int major, minor, patch; const char* hash; unsigned cpu_runtime, gpu_runtime}
   void (*ompSetNumThreads)(int);  // libgomp's, which this oneDNN build runs its threads on
 };
