@@ -46,18 +46,16 @@ State& state() {
   return s;
 }
 
-// The calibration: op(A) B^T at 512 x 512 x 512, as a LinearModule's forward multiplies; best of 3.
-constexpr int64_t kSize = 512;
+// The calibration: A B^T at 1024 x 1024 x 1024 (a LinearModule's forward multiplies so; large enough
+// that per-call costs do not decide), each candidate timed in interleaved rounds and kept at its best,
+// so that a moment of load (another thread pool still spinning) does not decide either.
+constexpr int64_t kSize = 1024;
+constexpr int kRounds = 3;
 
 double secondsOf(const std::function<void()>& f) {
-  double best = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) best = std::min(best, t);  // the first call builds and warms up
-  }
-  return best;
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 const char* providerName(Provider p) {
@@ -79,23 +77,31 @@ Provider measure(State& s, int threads) {
   std::vector<uint16_t> a16(af.size()), b16(bf.size());
   narrowFloats(af.data(), a16.data(), kSize * kSize, DType::BFloat16);
   narrowFloats(bf.data(), b16.data(), kSize * kSize, DType::BFloat16);
-  std::vector<std::pair<Provider, double>> times;
-  times.emplace_back(Provider::Sgemm, secondsOf([&] {
+  std::vector<std::pair<Provider, std::function<void()>>> candidates;
+  candidates.emplace_back(Provider::Sgemm, [&] {
     widenFloats(a16.data(), af.data(), kSize * kSize, DType::BFloat16);
     widenFloats(b16.data(), bf.data(), kSize * kSize, DType::BFloat16);
     blas::sgemm(false, true, kSize, kSize, kSize, 1.0f, af.data(), kSize, bf.data(), kSize, 0.0f, c.data(), kSize);
-  }));
+  });
   if (s.gemm) {
-    times.emplace_back(Provider::OneMkl, secondsOf([&] {
+    candidates.emplace_back(Provider::OneMkl, [&] {
       s.gemm(kRowMajor, kNoTrans, kTrans, kSize, kSize, kSize, 1.0f, a16.data(), kSize, b16.data(), kSize, 0.0f,
              c.data(), kSize);
-    }));
+    });
   }
   if (dnnl::loaded() &&
       dnnl::gemmBf16(false, true, kSize, kSize, kSize, a16.data(), kSize, b16.data(), kSize, 0.0f, c.data(), kSize)) {
-    times.emplace_back(Provider::OneDnn, secondsOf([&] {
+    candidates.emplace_back(Provider::OneDnn, [&] {
       dnnl::gemmBf16(false, true, kSize, kSize, kSize, a16.data(), kSize, b16.data(), kSize, 0.0f, c.data(), kSize);
-    }));
+    });
+  }
+  std::vector<std::pair<Provider, double>> times;
+  for (auto& [p, f] : candidates) {
+    f();  // warm-up: kernels built, buffers and threads made
+    times.emplace_back(p, 1e30);
+  }
+  for (int round = 0; round < kRounds; ++round) {
+    for (size_t i = 0; i < candidates.size(); ++i) times[i].second = std::min(times[i].second, secondsOf(candidates[i].second));
   }
   std::pair<Provider, double> best = times.front();
   std::string seen;
