@@ -128,3 +128,50 @@ def test_trainer_fits_images_on_two_ranks(ranks):
     results = ranks.run(FIT, 2, timeout=90)
     reports = reports_of(ranks, results, 2)
     assert_same_digest(reports)
+
+
+RESUME = CNN + r'''
+import pathlib
+HERE = pathlib.Path(os.environ["TEST_DIR"])
+D.init()
+rng = np.random.default_rng(8)
+X = rng.standard_normal((64, 2, 8, 8)).astype(np.float32)
+y = rng.integers(0, 5, 64).astype(np.int64)
+
+
+def config(**kw):
+    cfg = D.DistributedTrainingConfig()
+    cfg.batch_size, cfg.shuffle, cfg.seed, cfg.verbose, cfg.checkpoint_every_n_epochs = 8, True, 3, False, 1
+    for k, v in kw.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def state(model):
+    return digest(model.parameters()) + digest([np.asarray(b, np.float64) for b in model.buffers()])
+
+
+straight = cnn()
+D.convert_sync_batchnorm(straight)
+D.DistributedTrainer(straight, cx.CrossEntropyLoss(), cx.AdamOptimizer(0.01)).fit(
+    X, y, config(epochs=4, checkpoint_dir=str(HERE / "full")))
+first = cnn()
+D.convert_sync_batchnorm(first)
+D.DistributedTrainer(first, cx.CrossEntropyLoss(), cx.AdamOptimizer(0.01)).fit(X, y, config(epochs=2, checkpoint_dir=str(HERE / "ck")))
+resumed = cnn(seed=5)  # other weights and fresh statistics: the checkpoint must bring both back
+D.convert_sync_batchnorm(resumed)
+D.DistributedTrainer(resumed, cx.CrossEntropyLoss(), cx.AdamOptimizer(0.01)).fit(
+    X, y, config(epochs=4, checkpoint_dir=str(HERE / "ck"), resume_from_checkpoint="latest"))
+expect(state(resumed) == state(straight), "2 epochs + resume + 2 epochs differ from 4 epochs straight")
+expect(int(dict(resumed.named_buffers())["1.num_batches_tracked"]) == 4 * 64 // (8 * WS),
+       f"num_batches_tracked {dict(resumed.named_buffers())['1.num_batches_tracked']}")
+finish(digest=state(resumed))
+'''
+
+
+def test_checkpoint_resume_restores_buffers(ranks, tmp_path):
+    """A CNN with SyncBatchNorm trained 2 epochs, checkpointed, resumed into a model with other weights
+    and fresh running statistics for 2 more, ends bit-identical to 4 epochs straight."""
+    results = ranks.run(RESUME, 2, env={"TEST_DIR": str(tmp_path)}, timeout=90)
+    reports = reports_of(ranks, results, 2)
+    assert_same_digest(reports)

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "cyxwiz/common/parallel.h"
 #include "cyxwiz/device/ops.h"
 #include "cyxwiz/tensor/tensor.h"
 
@@ -12,14 +13,18 @@ namespace cyxwiz::nn {
 // Requires a float32 tensor with at least one dimension.
 void requireFloatTensor(const Tensor& t, const std::string& who);
 
+// Elements per thread below which a loop runs on the caller's thread alone.
+constexpr int64_t kElementGrain = int64_t{1} << 15;
+
 // out[i] = f(a[i]), a fresh float32 tensor of a's shape.
 template <typename F>
 Tensor mapElements(const Tensor& a, F f) {
   Tensor out = Tensor::empty(a.shape());
   const float* x = a.data<float>();
   float* y = out.data<float>();
-  const int64_t n = a.numel();
-  for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+  parallelFor(a.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = f(x[i]);
+  });
   return out;
 }
 
@@ -30,8 +35,9 @@ Tensor zipElements(const Tensor& a, const Tensor& b, F f) {
   const float* x = a.data<float>();
   const float* g = b.data<float>();
   float* y = out.data<float>();
-  const int64_t n = b.numel();
-  for (int64_t i = 0; i < n; ++i) y[i] = f(x[i], g[i]);
+  parallelFor(b.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = f(x[i], g[i]);
+  });
   return out;
 }
 

@@ -1,6 +1,7 @@
 #include "cyxwiz/nn/residual.h"
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/nn/elementwise.h"
 
 namespace cyxwiz::nn {
 
@@ -63,11 +64,7 @@ Tensor ResidualModule::forward(const Tensor& input) {
   const Tensor side = shortcut_ ? shortcut_->forward(input) : input;
   CYX_CHECK(main.shape() == side.shape() && main.shape() == expected, repr(), ": the body gave ", shapeString(main.shape()),
             " and the shortcut ", shapeString(side.shape()));
-  Tensor out = Tensor::empty(main.shape());
-  const float* a = main.data<float>();
-  const float* b = side.data<float>();
-  float* y = out.data<float>();
-  for (int64_t i = 0; i < out.numel(); ++i) y[i] = a[i] + b[i];
+  Tensor out = zipElements(main, side, [](float a, float b) { return a + b; });
   outShape_ = out.shape();
   return out;
 }
@@ -82,12 +79,7 @@ Tensor ResidualModule::backward(const Tensor& gradOutput) {
   const Tensor side = shortcut_ ? shortcut_->backward(gradOutput, needInputGrad_) : gradOutput;
   gradsReady();
   if (!needInputGrad_) return Tensor();
-  Tensor dx = Tensor::empty(main.shape());
-  const float* a = main.data<float>();
-  const float* b = side.data<float>();
-  float* d = dx.data<float>();
-  for (int64_t i = 0; i < dx.numel(); ++i) d[i] = a[i] + b[i];
-  return dx;
+  return zipElements(main, side, [](float a, float b) { return a + b; });
 }
 
 std::vector<Parameter*> ResidualModule::parameters() {
