@@ -306,3 +306,35 @@ def test_finite_differences_conv_pool_batchnorm_residual(conv_kernel):
     body.add(cx.TanhModule())
     check_module_by_differences(cx.ResidualModule(body), x, "ResidualModule")
     check_module_by_differences(cx.MishModule(), x, "MishModule")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_conv2d_under_autocast_multiplies_16_bit_operands(dtype, conv_kernel):
+    """Under cx.autocast the convolution rounds its input, weight and (in backward) gradient to the 16-bit
+    type and accumulates in float32: the oracle is torch's float64 convolution of the rounded operands."""
+    tdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    rnd = lambda a: torch.tensor(a).to(tdtype).to(torch.float64)  # noqa: E731 - nearest, ties to even
+    cx.manual_seed(4)
+    conv = cx.Conv2DModule(4, 6, 3, stride=2, padding=1, groups=2)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((3, 4, 9, 9)).astype(np.float32)
+    w, b = (p.copy() for p in conv.parameters())
+    with cx.autocast(dtype):
+        y = conv.forward(x)
+    r = rng.standard_normal(y.shape).astype(np.float32)
+    conv.zero_grad()
+    dx = conv.backward(r)  # outside autocast: backward follows its forward
+    xt, wt = rnd(x).requires_grad_(), rnd(w).requires_grad_()
+    bt = torch.tensor(b, dtype=torch.float64, requires_grad=True)
+    yt = torch.nn.functional.conv2d(xt, wt, bt, stride=2, padding=1, groups=2)
+    yt.backward(rnd(r))
+    assert_rel_close(y, yt.detach().numpy(), f"{dtype} forward")
+    assert_rel_close(dx, xt.grad.numpy(), f"{dtype} input gradient")
+    dw, db = conv.gradients()
+    assert_rel_close(dw, wt.grad.numpy(), f"{dtype} weight gradient")
+    assert_rel_close(db, bt.grad.numpy(), f"{dtype} bias gradient")
+    # and it differs from the float32 convolution (the rounding is real)
+    conv2 = cx.Conv2DModule(4, 6, 3, stride=2, padding=1, groups=2)
+    for mine, theirs in zip(conv2.parameters(), (w, b)):
+        mine[...] = theirs
+    assert np.abs(conv2.forward(x) - y).max() > 1e-4

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/nn/autocast.h"
 #include "cyxwiz/tensor/blas.h"
+#include "cyxwiz/tensor/convert16.h"
 #include "cyxwiz/tensor/dnnl.h"
 #include "cyxwiz/tensor/random.h"
 
@@ -102,6 +104,14 @@ ConvGeometry chunkOf(ConvGeometry g, int64_t count) {
   return g;
 }
 
+// `t` rounded to the 16-bit type and held as float32: under autocast the convolution multiplies 16-bit
+// operands and accumulates in float32, on whichever kernel runs.
+Tensor rounded(const Tensor& t, DType dtype) {
+  Tensor out = Tensor::empty(t.shape());
+  roundFloats(t.data<float>(), out.data<float>(), t.numel(), dtype);
+  return out;
+}
+
 }  // namespace
 
 dnnl::ConvShape Conv2DModule::kernelShape(const Shape& input) const {
@@ -118,11 +128,15 @@ Tensor Conv2DModule::forward(const Tensor& input) {
   const int64_t Og = out_ / groups_, Kg = g.rows() / groups_;
   Tensor output = Tensor::empty(outShape);
   float* o = output.data<float>();
-  const float* x = input.data<float>();
-  const float* w = weight_.value.data<float>();
+  input_ = Tensor();
+  half_ = autocastDtype();
+  const Tensor xin = half_ ? rounded(input, *half_) : keepForBackward(input);
+  const Tensor weight = half_ ? rounded(weight_.value, *half_) : weight_.value;
+  const float* x = xin.data<float>();
+  const float* w = weight.data<float>();
   const float* b = hasBias_ ? bias_.value.data<float>() : nullptr;
   if (dnnl::available() && dnnl::convForward(kernelShape(input.shape()), x, w, b, o)) {
-    input_ = keepForBackward(input);
+    input_ = xin;
     return output;
   }
   const int64_t nb = chunkSamples(g);
@@ -151,27 +165,28 @@ Tensor Conv2DModule::forward(const Tensor& input) {
       }
     }
   }
-  input_ = keepForBackward(input);
+  input_ = xin;
   return output;
 }
 
 Tensor Conv2DModule::backward(const Tensor& gradOutput) {
   requireForward(input_);
   checkBackward(input_, gradOutput, outputShape(input_.shape()));
+  // Under autocast (the forward's): the gradient and the weight rounded as the input was.
+  const Tensor g = half_ ? rounded(gradOutput, *half_) : gradOutput;
   const dnnl::ConvShape shape = kernelShape(input_.shape());
   const bool oneDnn = dnnl::available() &&
-                      dnnl::convBackwardWeights(shape, input_.data<float>(), gradOutput.data<float>(),
+                      dnnl::convBackwardWeights(shape, input_.data<float>(), g.data<float>(),
                                                 weight_.grad.data<float>(), hasBias_ ? bias_.grad.data<float>() : nullptr);
-  if (!oneDnn) weightGradsIm2col(gradOutput);
+  if (!oneDnn) weightGradsIm2col(g);
   gradsReady();
   if (!needInputGrad_) return Tensor();
+  const Tensor weight = half_ ? rounded(weight_.value, *half_) : weight_.value;
   if (oneDnn) {
     Tensor gradInput = Tensor::empty(input_.shape());
-    if (dnnl::convBackwardData(shape, gradOutput.data<float>(), weight_.value.data<float>(), gradInput.data<float>())) {
-      return gradInput;
-    }
+    if (dnnl::convBackwardData(shape, g.data<float>(), weight.data<float>(), gradInput.data<float>())) return gradInput;
   }
-  return inputGradIm2col(gradOutput);
+  return inputGradIm2col(g, weight);
 }
 
 // dy'[out, count*P] of the chunk of `count` samples from `first`: the gradient itself for one sample,
@@ -221,7 +236,7 @@ void Conv2DModule::weightGradsIm2col(const Tensor& gradOutput) {
   }
 }
 
-Tensor Conv2DModule::inputGradIm2col(const Tensor& gradOutput) {
+Tensor Conv2DModule::inputGradIm2col(const Tensor& gradOutput, const Tensor& weight) {
   const ConvGeometry g = geometry(input_.shape());
   const int64_t P = g.outHeight() * g.outWidth(), inSample = g.channels * g.height * g.width;
   const int64_t Og = out_ / groups_, Kg = g.rows() / groups_;
@@ -229,7 +244,7 @@ Tensor Conv2DModule::inputGradIm2col(const Tensor& gradOutput) {
   const float* go = gradOutput.data<float>();
   // dcols_g = W_g^T dy'_g, scattered back onto the image.
   std::vector<float> cols(static_cast<size_t>(g.rows() * nb * P)), gathered;
-  const float* w = weight_.value.data<float>();
+  const float* w = weight.data<float>();
   Tensor gradInput = Tensor::zeros(input_.shape());
   float* dx = gradInput.data<float>();
   for (int64_t n0 = 0; n0 < g.batch; n0 += nb) {

@@ -6,6 +6,7 @@
 
 #include <array>
 
+#include <optional>
 #include <vector>
 
 #include "cyxwiz/nn/im2col.h"
@@ -43,14 +44,17 @@ class Conv2DModule : public Module {
   bool hasBias() const { return hasBias_; }
 
  protected:
-  void clearCache() override { input_ = Tensor(); }
+  void clearCache() override {
+    input_ = Tensor();
+    half_.reset();
+  }
 
  private:
   ConvGeometry geometry(const Shape& input) const;
   dnnl::ConvShape kernelShape(const Shape& input) const;
   // The im2col path of backward (without oneDNN, or for a shape it refuses).
   void weightGradsIm2col(const Tensor& gradOutput);
-  Tensor inputGradIm2col(const Tensor& gradOutput);
+  Tensor inputGradIm2col(const Tensor& gradOutput, const Tensor& weight);
   const float* chunkGradient(const float* go, int64_t first, int64_t count, int64_t P, std::vector<float>& buffer) const;
 
   int64_t in_, out_;
@@ -59,6 +63,9 @@ class Conv2DModule : public Module {
   bool hasBias_;
   Parameter weight_, bias_;
   Tensor input_;  // backward rebuilds the column matrix from it (less memory than keeping the columns)
+  // Under autocast: the 16-bit type the forward rounded its operands to (input_ holds the rounded input,
+  // as float32); backward rounds the gradient and the weight alike.
+  std::optional<DType> half_;
 };
 
 }  // namespace cyxwiz::nn
