@@ -117,3 +117,24 @@ def test_both_kernels_agree_on_a_strided_grouped_convolution():
             cx._core._set_dnnl_enabled(True)
     for a, b in zip(*results):
         assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+
+
+def test_loops_over_threads_keep_working_in_a_forked_child():
+    """Batch norm and pooling split their loops over a pool of worker threads (common/parallel.h); a
+    fork()ed child has none of them and must still compute, on a pool of its own."""
+    code = textwrap.dedent("""
+        import os, numpy as np, pycyxwiz as cx
+        cx.set_num_threads(2)
+        bn = cx.BatchNorm2DModule(64)
+        x = np.random.default_rng(0).standard_normal((8, 64, 32, 32)).astype(np.float32)
+        want = bn.forward(x)
+        bn.eval(); bn.train()
+        pid = os.fork()
+        if pid == 0:
+            cx.BatchNorm2DModule(64).forward(x)
+            os._exit(0 if np.array_equal(cx.MaxPool2DModule(2).forward(x), x.reshape(8, 64, 16, 2, 16, 2).max(axis=(3, 5))) else 3)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "child 0" in out.stdout, out.stdout + out.stderr

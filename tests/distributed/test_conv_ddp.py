@@ -43,7 +43,10 @@ model = cnn()
 if sync:
     D.convert_sync_batchnorm(model)
     expect("sync=True" in repr(model), "convert_sync_batchnorm did not mark the layers")
-ddp = D.DistributedDataParallel(model)
+cfg = D.DDPConfig()
+cfg.shard_optimizer = os.environ.get("TEST_SHARD") == "1"
+ddp = D.DistributedDataParallel(model, cfg)
+expect(ddp.shard_optimizer == cfg.shard_optimizer, "shard_optimizer not in effect")
 opt = cx.SGDOptimizer(0.1, momentum=0.9)
 for step in range(STEPS):
     X, y = images(step, N)
@@ -65,9 +68,11 @@ finish(digest=digest(model.buffers()) + digest(model.parameters()), worst=worst)
 '''
 
 
-@pytest.mark.parametrize("sync", [True, False], ids=["sync", "control"])
-def test_sync_batchnorm_two_ranks_equal_one_process(ranks, sync):
-    results = ranks.run(SYNC_BN, 2, env={"TEST_SYNC": "1" if sync else "0"}, timeout=60)
+@pytest.mark.parametrize("sync,shard", [(True, False), (False, False), (True, True)], ids=["sync", "control", "sharded"])
+def test_sync_batchnorm_two_ranks_equal_one_process(ranks, sync, shard):
+    """With the sharded optimizer step too (ZeRO-1: convolution weights updated as slices of a bucket)."""
+    results = ranks.run(SYNC_BN, 2, env={"TEST_SYNC": "1" if sync else "0", "TEST_SHARD": "1" if shard else "0"},
+                        timeout=60)
     reports = reports_of(ranks, results, 2)
     worst = max(rep["worst"] for rep in reports)
     if sync:

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "cyxwiz/platform/process.h"
 #include "cyxwiz/tensor/blas.h"
 
 namespace cyxwiz {
@@ -99,8 +100,21 @@ void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
     if (n > 0) body(0, n);
     return;
   }
-  static Pool* pool = new Pool;  // never destroyed: detached workers may still be waiting in it at exit
-  pool->run(n, parts, body);
+  // Never destroyed: detached workers may still be waiting in it at exit. A fork()ed child has none of
+  // its parent's workers: it starts a pool of its own (the parent's is left as it is).
+  static std::mutex mutex;
+  static Pool* pool = nullptr;
+  static long owner = 0;
+  Pool* mine;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!pool || owner != platform::currentPid()) {
+      pool = new Pool;
+      owner = platform::currentPid();
+    }
+    mine = pool;
+  }
+  mine->run(n, parts, body);
 }
 
 }  // namespace cyxwiz
