@@ -324,6 +324,9 @@ def test_conv2d_under_autocast_multiplies_16_bit_operands(dtype, conv_kernel):
     r = rng.standard_normal(y.shape).astype(np.float32)
     conv.zero_grad()
     dx = conv.backward(r)  # outside autocast: backward follows its forward
+    # oneDNN's bfloat16 kernels keep the 16-bit input (half the bytes); the other paths the rounded float32.
+    kept = conv._saved_tensors()[0]["dtype"]
+    assert kept == ("bfloat16" if dtype == "bfloat16" and conv_kernel == "onednn" else "float32"), kept
     xt, wt = rnd(x).requires_grad_(), rnd(w).requires_grad_()
     bt = torch.tensor(b, dtype=torch.float64, requires_grad=True)
     yt = torch.nn.functional.conv2d(xt, wt, bt, stride=2, padding=1, groups=2)

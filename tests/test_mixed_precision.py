@@ -482,3 +482,19 @@ def test_bf16_provider_variable_with_a_bad_value_says_what_it_takes():
     bad = _blas16_info("fastest")
     assert bad.returncode != 0
     assert "CYXWIZ_BF16_GEMM='fastest'" in bad.stderr and "'onednn'" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relu_mask_from_the_16_bit_copy_handles_special_values(dtype):
+    """Under autocast a ReLUModule keeps a 16-bit copy of its input and backward masks by its bits:
+    g where the copy is > 0 (not at 0 or -0, not NaN, yes at +inf and the smallest positive values)."""
+    x = np.array([0.0, -0.0, 1e-30, -1e-30, np.inf, -np.inf, np.nan, 1.0, -1.0, 3e38, 6e-8, -6e-8] * 7000,
+                 np.float32).reshape(84, 1000)
+    g = np.random.default_rng(0).standard_normal(x.shape).astype(np.float32)
+    relu = cx.ReLUModule()
+    with cx.autocast(dtype):
+        relu.forward(x)
+    with np.errstate(over="ignore", invalid="ignore"):  # 3e38 is +inf in float16
+        kept = bf16(x) if dtype == "bfloat16" else x.astype(np.float16).astype(np.float32)
+        want = np.where(kept > 0, g, np.float32(0))
+    np.testing.assert_array_equal(relu.backward(g), want)

@@ -112,6 +112,13 @@ Tensor rounded(const Tensor& t, DType dtype) {
   return out;
 }
 
+// The 16-bit tensor `t` as float32 (exact).
+Tensor widened(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape());
+  widenFloats(static_cast<const uint16_t*>(t.rawData()), out.data<float>(), t.numel(), t.dtype());
+  return out;
+}
+
 }  // namespace
 
 dnnl::ConvShape Conv2DModule::kernelShape(const Shape& input) const {
@@ -130,11 +137,22 @@ Tensor Conv2DModule::forward(const Tensor& input) {
   float* o = output.data<float>();
   input_ = Tensor();
   half_ = autocastDtype();
+  const float* b = hasBias_ ? bias_.value.data<float>() : nullptr;
+  if (half_ == DType::BFloat16 && dnnl::available()) {
+    // oneDNN's bfloat16 kernels: the 16-bit input is what backward keeps (half the bytes); the weight
+    // is rounded by the reorder into the kernel's layout.
+    Tensor x16 = narrowActivation(input, DType::BFloat16);
+    dnnl::ConvShape shape = kernelShape(input.shape());
+    shape.bf16 = true;
+    if (dnnl::convForward(shape, x16.rawData(), weight_.value.data<float>(), b, o)) {
+      input_ = x16;
+      return output;
+    }
+  }
   const Tensor xin = half_ ? rounded(input, *half_) : keepForBackward(input);
   const Tensor weight = half_ ? rounded(weight_.value, *half_) : weight_.value;
   const float* x = xin.data<float>();
   const float* w = weight.data<float>();
-  const float* b = hasBias_ ? bias_.value.data<float>() : nullptr;
   if (dnnl::available() && dnnl::convForward(kernelShape(input.shape()), x, w, b, o)) {
     input_ = xin;
     return output;
@@ -172,6 +190,22 @@ Tensor Conv2DModule::forward(const Tensor& input) {
 Tensor Conv2DModule::backward(const Tensor& gradOutput) {
   requireForward(input_);
   checkBackward(input_, gradOutput, outputShape(input_.shape()));
+  if (input_.dtype() == DType::BFloat16) {  // oneDNN's bfloat16 forward: its backward kernels too
+    dnnl::ConvShape shape = kernelShape(input_.shape());
+    shape.bf16 = true;
+    if (dnnl::convBackwardWeights(shape, input_.rawData(), gradOutput.data<float>(), weight_.grad.data<float>(),
+                                  hasBias_ ? bias_.grad.data<float>() : nullptr)) {
+      gradsReady();
+      if (!needInputGrad_) return Tensor();
+      Tensor gradInput = Tensor::empty(input_.shape());
+      if (dnnl::convBackwardData(shape, gradOutput.data<float>(), weight_.value.data<float>(), gradInput.data<float>())) {
+        return gradInput;
+      }
+      input_ = widened(input_);
+      return inputGradIm2col(rounded(gradOutput, DType::BFloat16), rounded(weight_.value, DType::BFloat16));
+    }
+    input_ = widened(input_);  // exactly the rounded values the float32 kernels then take
+  }
   // Under autocast (the forward's): the gradient and the weight rounded as the input was.
   const Tensor g = half_ ? rounded(gradOutput, *half_) : gradOutput;
   const dnnl::ConvShape shape = kernelShape(input_.shape());

@@ -63,8 +63,9 @@ class Conv2DModule : public Module {
   bool hasBias_;
   Parameter weight_, bias_;
   Tensor input_;  // backward rebuilds the column matrix from it (less memory than keeping the columns)
-  // Under autocast: the 16-bit type the forward rounded its operands to (input_ holds the rounded input,
-  // as float32); backward rounds the gradient and the weight alike.
+  // Under autocast: the 16-bit type the forward rounded its operands to; input_ holds the rounded input,
+  // as bfloat16 bits after oneDNN's bfloat16 kernels, else as float32; backward rounds the gradient and
+  // the weight alike.
   std::optional<DType> half_;
 };
 

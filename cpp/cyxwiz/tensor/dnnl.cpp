@@ -181,7 +181,7 @@ struct Entry {
   ConvShape shape;
   int threads = 1;
   bool ok = false;
-  MemoryDesc x, w, b, y;  // plain: NCHW, (G,) O, I, H, W, X
+  MemoryDesc x, w, b, y, dx;  // plain: NCHW (x in the operands' type), (G,) O, I, H, W, X; dx float32
   PrimitiveDesc fwdPd, dataPd, weightsPd;
   Primitive fwd, data, weights;
   Reorder xToFwd, wToFwd, fwdToY;        // forward
@@ -197,24 +197,31 @@ void build(Entry& e) {
   int64_t wd[5] = {g, s.outChannels / g, s.channels / g, s.kh, s.kw}, bd[1] = {s.outChannels};
   const bool grouped = g > 1;
   const int64_t* wdims = grouped ? wd : wd + 1;
-  auto make = [&](MemoryDesc& md, int n, const int64_t* dims, int tag) {
-    CYX_CHECK(f.memoryDescCreateWithTag(&md.h, n, dims, kF32, tag) == kSuccess, "oneDNN: bad memory descriptor");
+  auto make = [&](MemoryDesc& md, int n, const int64_t* dims, int dtype, int tag) {
+    CYX_CHECK(f.memoryDescCreateWithTag(&md.h, n, dims, dtype, tag) == kSuccess, "oneDNN: bad memory descriptor");
   };
-  make(e.x, 4, xd, kTagABCD);
-  make(e.y, 4, yd, kTagABCD);
-  make(e.w, grouped ? 5 : 4, wdims, grouped ? kTagABCDE : kTagABCD);
-  make(e.b, 1, bd, kTagA);
-  MemoryDesc xa, ya, wa;  // "any": the kernel picks its layout
-  make(xa, 4, xd, kTagAny);
-  make(ya, 4, yd, kTagAny);
-  make(wa, grouped ? 5 : 4, wdims, kTagAny);
+  // Plain: the input as the caller holds it (float32, or bfloat16 bits), everything else float32.
+  const int op = s.bf16 ? kBF16 : kF32;  // the operands' type inside the kernels
+  make(e.x, 4, xd, op, kTagABCD);
+  make(e.y, 4, yd, kF32, kTagABCD);
+  make(e.w, grouped ? 5 : 4, wdims, kF32, grouped ? kTagABCDE : kTagABCD);
+  make(e.b, 1, bd, kF32, kTagA);
+  make(e.dx, 4, xd, kF32, kTagABCD);
+  // "any": the kernel picks its layout. Operands (input, weight, output gradient) in `op`, results in float32.
+  MemoryDesc xOp, wOp, yOp, xOut, wOut, yOut;
+  make(xOp, 4, xd, op, kTagAny);
+  make(wOp, grouped ? 5 : 4, wdims, op, kTagAny);
+  make(yOp, 4, yd, op, kTagAny);
+  make(xOut, 4, xd, kF32, kTagAny);
+  make(wOut, grouped ? 5 : 4, wdims, kF32, kTagAny);
+  make(yOut, 4, yd, kF32, kTagAny);
   Dims strides = {s.sh, s.sw}, dilates = {s.dh - 1, s.dw - 1}, pad = {s.ph, s.pw};
-  if (f.convForwardPdCreate(&e.fwdPd.h, state().engine, kForwardTraining, kConvolutionDirect, xa.h, wa.h,
-                            s.bias ? e.b.h : nullptr, ya.h, strides, dilates, pad, pad, nullptr) != kSuccess ||
-      f.convBackwardDataPdCreate(&e.dataPd.h, state().engine, kConvolutionDirect, xa.h, wa.h, ya.h, strides, dilates,
-                                 pad, pad, e.fwdPd.h, nullptr) != kSuccess ||
-      f.convBackwardWeightsPdCreate(&e.weightsPd.h, state().engine, kConvolutionDirect, xa.h, wa.h,
-                                    s.bias ? e.b.h : nullptr, ya.h, strides, dilates, pad, pad, e.fwdPd.h,
+  if (f.convForwardPdCreate(&e.fwdPd.h, state().engine, kForwardTraining, kConvolutionDirect, xOp.h, wOp.h,
+                            s.bias ? e.b.h : nullptr, yOut.h, strides, dilates, pad, pad, nullptr) != kSuccess ||
+      f.convBackwardDataPdCreate(&e.dataPd.h, state().engine, kConvolutionDirect, xOut.h, wOp.h, yOp.h, strides,
+                                 dilates, pad, pad, e.fwdPd.h, nullptr) != kSuccess ||
+      f.convBackwardWeightsPdCreate(&e.weightsPd.h, state().engine, kConvolutionDirect, xOp.h, wOut.h,
+                                    s.bias ? e.b.h : nullptr, yOp.h, strides, dilates, pad, pad, e.fwdPd.h,
                                     nullptr) != kSuccess) {
     return;  // no kernel for this shape: the caller computes it
   }
@@ -229,7 +236,7 @@ void build(Entry& e) {
   makeReorder(e.weightsToDw, f.pdQueryMd(e.weightsPd.h, kQueryDiffWeightsMd, 0), e.w.h);
   makeReorder(e.dyToData, e.y.h, f.pdQueryMd(e.dataPd.h, kQueryDiffDstMd, 0));
   makeReorder(e.wToData, e.w.h, f.pdQueryMd(e.dataPd.h, kQueryWeightsMd, 0));
-  makeReorder(e.dataToDx, f.pdQueryMd(e.dataPd.h, kQueryDiffSrcMd, 0), e.x.h);
+  makeReorder(e.dataToDx, f.pdQueryMd(e.dataPd.h, kQueryDiffSrcMd, 0), e.dx.h);
   e.ok = true;
 }
 
@@ -271,7 +278,7 @@ bool ConvShape::operator==(const ConvShape& o) const {
   return batch == o.batch && channels == o.channels && height == o.height && width == o.width &&
          outChannels == o.outChannels && outHeight == o.outHeight && outWidth == o.outWidth && kh == o.kh &&
          kw == o.kw && sh == o.sh && sw == o.sw && ph == o.ph && pw == o.pw && dh == o.dh && dw == o.dw &&
-         groups == o.groups && bias == o.bias;
+         groups == o.groups && bias == o.bias && bf16 == o.bf16;
 }
 
 void setLibrary(const std::string& path) {
@@ -394,7 +401,7 @@ bool gemmBf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const u
   return true;
 }
 
-bool convForward(const ConvShape& shape, const float* x, const float* w, const float* b, float* y) {
+bool convForward(const ConvShape& shape, const void* x, const float* w, const float* b, float* y) {
   const std::shared_ptr<Entry> e = entryFor(shape);
   if (!e->ok) return false;
   std::unique_ptr<Scratch> xs, ws, ys;
@@ -417,7 +424,7 @@ bool convForward(const ConvShape& shape, const float* x, const float* w, const f
   return true;
 }
 
-bool convBackwardWeights(const ConvShape& shape, const float* x, const float* dy, float* dw, float* db) {
+bool convBackwardWeights(const ConvShape& shape, const void* x, const float* dy, float* dw, float* db) {
   const std::shared_ptr<Entry> e = entryFor(shape);
   if (!e->ok) return false;
   std::unique_ptr<Scratch> xs, dys;
@@ -460,7 +467,7 @@ bool convBackwardData(const ConvShape& shape, const float* dy, const float* w, f
       diffSrc(dxMd, dxs ? dxs->p : dx);
   execute(e->data.h, {{kArgDiffDst, diffDst.h}, {kArgWeights, weights.h}, {kArgDiffSrc, diffSrc.h}});
   if (dxs) {
-    Memory plain(e->x.h, dx);
+    Memory plain(e->dx.h, dx);
     execute(e->dataToDx.primitive.h, {{kArgSrc, diffSrc.h}, {kArgDst, plain.h}});
   }
   return true;

@@ -25,6 +25,9 @@ struct ConvShape {
   int64_t batch, channels, height, width, outChannels, outHeight, outWidth;
   int64_t kh, kw, sh, sw, ph, pw, dh, dw, groups;
   bool bias;
+  // Mixed precision: bfloat16 operands (the input is bfloat16 bits; the weight and the gradient are
+  // float32, rounded by the reorders into the kernel's layout), float32 results. False: all float32.
+  bool bf16 = false;
   bool operator==(const ConvShape& o) const;
 };
 
@@ -37,10 +40,10 @@ bool gemmBf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const u
               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // Each returns false when oneDNN has no kernel for the shape (the caller then computes it itself).
-// y = conv(x, w) + b
-bool convForward(const ConvShape& s, const float* x, const float* w, const float* b, float* y);
-// dw += dconv/dw, db += the sums of dy (when b and db are given)
-bool convBackwardWeights(const ConvShape& s, const float* x, const float* dy, float* dw, float* db);
+// y = conv(x, w) + b; x is float32, or bfloat16 bits when s.bf16
+bool convForward(const ConvShape& s, const void* x, const float* w, const float* b, float* y);
+// dw += dconv/dw, db += the sums of dy (when b and db are given); x as in convForward
+bool convBackwardWeights(const ConvShape& s, const void* x, const float* dy, float* dw, float* db);
 // dx = dconv/dx
 bool convBackwardData(const ConvShape& s, const float* dy, const float* w, float* dx);
 
