@@ -32,7 +32,9 @@ def rank_main(local_rank, args):
     wrapped = make()
     if args.sync_bn:
         dist.convert_sync_batchnorm(wrapped)
-    ddp = dist.DistributedDataParallel(wrapped)
+    cfg = dist.DDPConfig()
+    cfg.broadcast_buffers = not args.no_broadcast_buffers
+    ddp = dist.DistributedDataParallel(wrapped, cfg)
     cx.manual_seed(0)
     alone = make()
     opts = {"ddp": cx.AdamOptimizer(LR), "nocomm": cx.AdamOptimizer(LR)}
@@ -63,7 +65,8 @@ def rank_main(local_rank, args):
                     times[mode].append(time.perf_counter() - t0)
     if dist.get_rank() == 0:
         ddp_ms, alone_ms = statistics.median(times["ddp"]) * 1e3, statistics.median(times["nocomm"]) * 1e3
-        print(f"| {args.model}{' sync-bn' if args.sync_bn else ''} | {dist.get_world_size()} | {ddp_ms:.1f} | "
+        label = args.model + (" sync-bn" if args.sync_bn else "") + (" no-broadcast" if args.no_broadcast_buffers else "")
+        print(f"| {label} | {dist.get_world_size()} | {ddp_ms:.1f} | "
               f"{alone_ms:.1f} | {ddp_ms / alone_ms:.3f} |", flush=True)
     dist.finalize()
 
@@ -73,6 +76,7 @@ def main():
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--model", default="cnn3", choices=["cnn3", "resnet"])
     p.add_argument("--sync-bn", action="store_true")
+    p.add_argument("--no-broadcast-buffers", action="store_true", help="DDPConfig.broadcast_buffers = False")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
