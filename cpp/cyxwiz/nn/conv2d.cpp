@@ -13,11 +13,7 @@
 
 namespace cyxwiz::nn {
 
-namespace {
-
 std::string pairString(const Pair& p) { return makeString("(", p[0], ", ", p[1], ")"); }
-
-}  // namespace
 
 Conv2DModule::Conv2DModule(int64_t inChannels, int64_t outChannels, Pair kernel, Pair stride, Pair padding,
                            Pair dilation, int64_t groups, bool bias)
@@ -39,13 +35,8 @@ Conv2DModule::Conv2DModule(int64_t inChannels, int64_t outChannels, Pair kernel,
 
 void Conv2DModule::resetParameters() {
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_ / groups_ * kernel_[0] * kernel_[1]));
-  auto& gen = globalGenerator();
-  float* w = weight_.value.data<float>();
-  for (int64_t i = 0; i < weight_.value.numel(); ++i) w[i] = (2.0f * uniform01(gen) - 1.0f) * bound;
-  if (hasBias_) {
-    float* b = bias_.value.data<float>();
-    for (int64_t i = 0; i < out_; ++i) b[i] = (2.0f * uniform01(gen) - 1.0f) * bound;
-  }
+  fillUniform(weight_.value.data<float>(), weight_.value.numel(), bound, globalGenerator());
+  if (hasBias_) fillUniform(bias_.value.data<float>(), out_, bound, globalGenerator());
 }
 
 ConvGeometry Conv2DModule::geometry(const Shape& input) const {

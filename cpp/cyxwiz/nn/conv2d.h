@@ -16,6 +16,7 @@
 namespace cyxwiz::nn {
 
 using Pair = std::array<int64_t, 2>;  // (height, width)
+std::string pairString(const Pair& p);  // "(3, 3)", as torch prints sizes
 
 class Conv2DModule : public Module {
  public:

@@ -23,13 +23,8 @@ LinearModule::LinearModule(int64_t inFeatures, int64_t outFeatures, bool bias)
 void LinearModule::resetParameters() {
   // kaiming_uniform_(a=sqrt(5)) reduces to U(-1/sqrt(fan_in), 1/sqrt(fan_in)); the bias uses the same bound.
   float bound = 1.0f / std::sqrt(static_cast<float>(in_));
-  auto& gen = globalGenerator();
-  float* w = weight_.value.data<float>();
-  for (int64_t i = 0; i < weight_.value.numel(); ++i) w[i] = (2.0f * uniform01(gen) - 1.0f) * bound;
-  if (hasBias_) {
-    float* b = bias_.value.data<float>();
-    for (int64_t i = 0; i < out_; ++i) b[i] = (2.0f * uniform01(gen) - 1.0f) * bound;
-  }
+  fillUniform(weight_.value.data<float>(), weight_.value.numel(), bound, globalGenerator());
+  if (hasBias_) fillUniform(bias_.value.data<float>(), out_, bound, globalGenerator());
 }
 
 Tensor LinearModule::forward(const Tensor& input) { return forward(input, false); }

@@ -12,8 +12,6 @@ namespace cyxwiz::nn {
 
 namespace {
 
-std::string pairString(const Pair& p) { return makeString("(", p[0], ", ", p[1], ")"); }
-
 // Throws unless a gradient of `expected` shape came back after a forward.
 void checkPoolBackward(const Module& m, const Shape& inputShape, const Shape& expected, const Tensor& g) {
   if (inputShape.empty()) {

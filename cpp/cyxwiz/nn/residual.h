@@ -1,4 +1,6 @@
-// ResidualModule: y = body(x) + shortcut(x), the shortcut the identity when none is given, so that a
+// ResidualModule: y = body(x) + shortcut(x) for an input of any shape, (N, C, H, W) in a ResNet; body
+// and shortcut must give the same shape (checked at construction where known, and on every input). The
+// shortcut is the identity when none is given, so that a
 // ResNet is a SequentialModel. Parameters and buffers are the body's then the shortcut's, named
 // "body.0.weight", "shortcut.0.weight" (torch's names for submodules called body and shortcut).
 #pragma once

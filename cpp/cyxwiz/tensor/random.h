@@ -19,4 +19,10 @@ void setGeneratorState(const std::string& state);
 // Uniform float in [0, 1) from the top 24 bits of one draw (exact in float32, portable).
 inline float uniform01(std::mt19937_64& gen) { return static_cast<float>(gen() >> 40) * (1.0f / 16777216.0f); }
 
+// out[i] ~ U(-bound, bound), one draw each in order: torch's kaiming_uniform_(a=sqrt(5)) of a layer with
+// fan_in inputs per output is bound = 1/sqrt(fan_in), its bias the same bound.
+inline void fillUniform(float* out, int64_t n, float bound, std::mt19937_64& gen) {
+  for (int64_t i = 0; i < n; ++i) out[i] = (2.0f * uniform01(gen) - 1.0f) * bound;
+}
+
 }  // namespace cyxwiz
