@@ -77,6 +77,7 @@ void cudaBuildInfo(py::dict& info) {
   info["nccl"] = present;
   info["nccl_version"] = py::none();
   info["cublas_version"] = py::none();
+  info["cudnn_version"] = py::none();
   info["cuda_architectures"] = py::none();
   if (!present) {
     info["cuda_note"] = "CPU-only build: " + device::cudaBuildNote();
@@ -92,6 +93,7 @@ void cudaBuildInfo(py::dict& info) {
   const int nccl = api->ncclVersion();  // 23203 = 2.32.3
   info["nccl_version"] = std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." + std::to_string(nccl % 100);
   info["cublas_version"] = api->cublasVersion();
+  info["cudnn_version"] = api->cudnnVersion();  // 0: built without cuDNN (no GPU convolution)
   py::list archs;  // "80-real 90-real ..." as CMake was given it
   for (py::handle a : py::str(api->architectures()).attr("split")()) archs.append(a);
   info["cuda_architectures"] = archs;

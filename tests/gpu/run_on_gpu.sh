@@ -64,6 +64,7 @@ EST_PYTEST=60
 EST_CHECK=10
 EST_PROBE=10
 EST_GPU_STEP_QUICK=20
+EST_GPU_CNN_STEP=60     # ResNet-18 at batch 256, 3 variants x 3 rounds x 25 steps, cudnn.benchmark's search (not yet run there)
 EST_GPU_STEP_FULL=90  # with the lockstep drift check: 4 models x 20-50 steps, CPU ones at batch 1024 too
 EST_ALLREDUCE=45        # 2 libraries x 8 sizes x (0.5 s timed with barriers + 0.5 s back to back) + starts
 EST_TRAIN_THROUGHPUT=80 # 2 frameworks x 2 models x 3 modes x 2 rounds; the 20M model's 13 steps a round
@@ -247,6 +248,10 @@ QUICK_DRIFT=()
 [ "${GPU_STEP_FULL:-1}" != 0 ] && QUICK_DRIFT=(--no-drift)
 step "benchmarks/gpu_step.py --quick" gpu_step_quick.log --needs-build --limited-ok --est "$EST_GPU_STEP_QUICK" --timeout 900 -- \
   "$PY" benchmarks/gpu_step.py --quick --no-plot --tag quick --out-dir "$DIR" ${QUICK_DRIFT[@]+"${QUICK_DRIFT[@]}"}
+# Issue 33's GPU target: ResNet-18 at batch 256 on 3x32x32, ours eager and graphed against torch with
+# cudnn.benchmark (<= 1.0x and <= 0.8x).
+step "benchmarks/gpu_cnn_step.py" gpu_cnn_step.log --needs-build --limited-ok --est "$EST_GPU_CNN_STEP" --timeout 600 -- \
+  "$PY" benchmarks/gpu_cnn_step.py --rounds 3 --out "$DIR/gpu_cnn_step.md"
 if [ "${GPU_STEP_FULL:-1}" != 0 ]; then
   step "benchmarks/gpu_step.py (full)" gpu_step_full.log --needs-build --limited-ok --est "$EST_GPU_STEP_FULL" --timeout 1800 -- \
     "$PY" benchmarks/gpu_step.py --tag full --out-dir "$DIR"
@@ -415,6 +420,12 @@ USED=$(elapsed)
     cat "$f"
     break
   done
+  if [ -f "$DIR/gpu_cnn_step.md" ]; then
+    echo
+    echo "## benchmarks/gpu_cnn_step.py (target of issue 33: eager <= 1.0x torch with cudnn.benchmark, graphed <= 0.8x)"
+    echo
+    cat "$DIR/gpu_cnn_step.md"
+  fi
   if [ "${CPU_BENCH:-1}" != 0 ]; then
     echo
     echo "## CPU benchmarks at $CPU_RANKS ranks on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'))"

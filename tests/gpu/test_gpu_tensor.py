@@ -48,6 +48,7 @@ def test_build_info_of_a_cuda_build():
     assert re.fullmatch(r"\d+\.\d+", info["cuda_version"]), info
     assert re.fullmatch(r"\d+\.\d+\.\d+", info["nccl_version"]), info
     assert info["cublas_version"], info
+    assert info["cudnn_version"] >= 90000, f"the GPU build has no cuDNN 9 (convolutions cannot run): {info}"
     assert info["cuda_architectures"], info
     assert isinstance(info["cuda_note"], str) and info["cuda_note"], info
 

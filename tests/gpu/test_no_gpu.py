@@ -97,12 +97,13 @@ def test_unavailable_reason_says_which_case():
 
 def test_build_info_cuda_fields():
     info = cx.build_info()
-    keys = {"cuda", "cuda_version", "nccl", "nccl_version", "cublas_version", "cuda_architectures", "cuda_note"}
+    keys = {"cuda", "cuda_version", "nccl", "nccl_version", "cublas_version", "cudnn_version", "cuda_architectures",
+            "cuda_note"}
     assert keys <= info.keys(), f"missing: {sorted(keys - info.keys())}"
     assert type(info["cuda"]) is bool and type(info["nccl"]) is bool, info
     assert isinstance(info["cuda_note"], str) and info["cuda_note"], info
     assert not info["nccl"] or info["cuda"], f"NCCL without CUDA: {info}"
-    versions = ("cuda_version", "nccl_version", "cublas_version", "cuda_architectures")
+    versions = ("cuda_version", "nccl_version", "cublas_version", "cudnn_version", "cuda_architectures")
     if not info["cuda"]:
         assert info["nccl"] is False, info
         assert all(info[k] is None for k in versions), f"a CPU-only build reports versions: {info}"
@@ -116,6 +117,7 @@ def test_build_info_cuda_fields():
     assert re.fullmatch(r"\d+\.\d+", info["cuda_version"]), info
     assert info["nccl"] is True and re.fullmatch(r"\d+\.\d+\.\d+", info["nccl_version"]), info
     assert isinstance(info["cublas_version"], (int, str)) and not isinstance(info["cublas_version"], bool), info
+    assert type(info["cudnn_version"]) is int and info["cudnn_version"] >= 0, info  # 0: built without cuDNN
     # The architectures CMake compiled for ("80-real", "90-virtual", ...), as a list or one string.
     archs = info["cuda_architectures"]
     assert archs and (isinstance(archs, str) or all(isinstance(a, str) and a for a in archs)), info

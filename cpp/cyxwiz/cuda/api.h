@@ -19,12 +19,14 @@
 namespace cyxwiz::cuda {
 
 // Bumped on any change below; _core refuses a library of another version.
-constexpr int kApiVersion = 9;
+constexpr int kApiVersion = 10;
 
 using Status = std::string;  // empty: success
 
 enum class CopyKind : int { HostToDevice = 0, DeviceToHost = 1, DeviceToDevice = 2 };
-enum class Activation : int { ReLU = 0, GELU = 1, Sigmoid = 2, Tanh = 3 };
+// LeakyReLU takes its negative slope and ELU its alpha as the `param` of the activation calls; the
+// others ignore it. Swish is SiLU (x sigmoid(x)); Mish is x tanh(softplus(x)), softplus(x) = x above 20.
+enum class Activation : int { ReLU = 0, GELU = 1, Sigmoid = 2, Tanh = 3, LeakyReLU = 4, ELU = 5, Swish = 6, Mish = 7 };
 // Same codes as cyxwiz::DType (its first six) and cyxwiz::comm::ReduceOp.
 enum class ElemType : int { Float32 = 0, Float64 = 1, Int32 = 2, Int64 = 3, Float16 = 4, BFloat16 = 5 };
 enum class ReduceKind : int { Sum = 0, Avg = 1, Max = 2, Min = 3, Product = 4 };
@@ -38,6 +40,28 @@ struct OptimizerTensor {
   float* m;
   float* v;
   int64_t n;
+};
+
+// A 2-D convolution (cross-correlation, as torch's) over NCHW float32 tensors, all contiguous:
+// x (n, c, h, w), weight (k, c / groups, kh, kw), y (n, k, oh, ow), bias (k).
+struct ConvShape {
+  int64_t n, c, h, w;
+  int64_t k, oh, ow;
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  int64_t groups;
+};
+
+enum class PoolKind : int {
+  Max = 0,
+  AvgIncludePad = 1,  // torch's count_include_pad=True: every window divides by kh * kw
+  AvgExcludePad = 2,  // divides by the window's positions inside the input
+};
+
+// Pooling over NCHW float32: x (n, c, h, w) -> y (n, c, oh, ow). Padding of a max window is -inf.
+struct PoolShape {
+  int64_t n, c, h, w, oh, ow;
+  int64_t kh, kw, sh, sw, ph, pw;
+  PoolKind kind;
 };
 
 struct DeviceProperties {
@@ -62,6 +86,9 @@ class Api {
   virtual int ncclVersion() const noexcept = 0;
   virtual int cublasVersion() const noexcept = 0;
   virtual const char* architectures() const noexcept = 0;
+  // cuDNN's version (e.g. 91400) when this library was built with it, else 0: the convolution and
+  // pooling calls then fail with a message that says how to get it.
+  virtual int cudnnVersion() const noexcept = 0;
 
   // ---- devices ----
   // Fails (with the runtime's text) when there is no driver or no device; 0 devices is not a failure.
@@ -95,11 +122,65 @@ class Api {
   virtual Status broadcastRows(int dev, const float* row, float* out, int64_t rows, int64_t cols) noexcept = 0;
   // out[j] += sum_r g[r, j] (bias gradient).
   virtual Status addColumnSums(int dev, const float* g, float* out, int64_t rows, int64_t cols) noexcept = 0;
-  // y = f(x); dx = g * f'(x), f' evaluated at the layer input x. Formulas as the CPU modules.
-  virtual Status activationForward(int dev, Activation f, const float* x, float* y, int64_t n) noexcept = 0;
-  virtual Status activationBackward(int dev, Activation f, const float* x, const float* g, float* dx, int64_t n) noexcept = 0;
+  // y = f(x); dx = g * f'(x), f' evaluated at the layer input x. Formulas as the CPU modules; `param`
+  // is LeakyReLU's slope or ELU's alpha (see Activation).
+  virtual Status activationForward(int dev, Activation f, const float* x, float* y, int64_t n,
+                                   float param) noexcept = 0;
+  virtual Status activationBackward(int dev, Activation f, const float* x, const float* g, float* dx, int64_t n,
+                                    float param) noexcept = 0;
   // out = a * b element-wise.
   virtual Status multiply(int dev, const float* a, const float* b, float* out, int64_t n) noexcept = 0;
+  // out = a + b element-wise (out may be a or b): a residual block's sum and its gradients' sum.
+  virtual Status add(int dev, const float* a, const float* b, float* out, int64_t n) noexcept = 0;
+
+  // ---- convolution and pooling: cuDNN (cudnnVersion() > 0), float32 NCHW ----
+  // The algorithm is cuDNN's heuristic first choice for the shape whose workspace fits (cached per
+  // shape); the workspace is stream-ordered memory of the call, so these calls may be captured.
+  // y = conv(x, w) (+ bias per output channel when bias is not null).
+  virtual Status convForward(int dev, const ConvShape& s, const float* x, const float* w, const float* bias,
+                             float* y) noexcept = 0;
+  // dx = the gradient of the input from dy (overwrites dx).
+  virtual Status convBackwardData(int dev, const ConvShape& s, const float* dy, const float* w,
+                                  float* dx) noexcept = 0;
+  // dw += the weight gradient; db += the bias gradient when db is not null (accumulates, as every
+  // parameter gradient of the engine).
+  virtual Status convBackwardFilter(int dev, const ConvShape& s, const float* x, const float* dy, float* dw,
+                                    float* db) noexcept = 0;
+  virtual Status poolForward(int dev, const PoolShape& s, const float* x, float* y) noexcept = 0;
+  // dx (overwritten) from dy; x and y are the forward's input and output (max pooling's argmax).
+  virtual Status poolBackward(int dev, const PoolShape& s, const float* x, const float* y, const float* dy,
+                              float* dx) noexcept = 0;
+
+  // ---- batch normalisation over x (n, c, s) float32, s the spatial size (1 for (N, C)) ----
+  // Our own kernels, not cuDNN's: SyncBatchNorm all-reduces the per-channel sums between the steps,
+  // as the CPU module does. Statistics are float64 in device memory, c values each unless said.
+  // sums[ch] = sum of x[:, ch, :]; sums[c] = n * s (the count, so one all-reduce carries both).
+  virtual Status channelSums(int dev, const float* x, int64_t n, int64_t c, int64_t s, double* sums) noexcept = 0;
+  // squares[ch] = sum of (x[:, ch, :] - mean)^2, mean = sums[ch] / sums[c] (sums as channelSums wrote,
+  // possibly all-reduced).
+  virtual Status channelSquaredDeviations(int dev, const float* x, int64_t n, int64_t c, int64_t s,
+                                          const double* sums, double* squares) noexcept = 0;
+  // Training: mean = sums / count, var = squares / count, invstd = 1 / sqrt(var + eps); the running
+  // statistics take momentum of mean and of var * count / (count - 1); *batchesTracked += 1.
+  // Eval (sums null): mean = runningMean, invstd = 1 / sqrt(runningVar + eps); nothing else changes.
+  virtual Status batchNormStatistics(int dev, int64_t c, const double* sums, const double* squares, double eps,
+                                     double momentum, float* runningMean, float* runningVar,
+                                     int64_t* batchesTracked, double* mean, double* invstd) noexcept = 0;
+  // y = (x - mean) invstd weight + bias, per channel.
+  virtual Status batchNormApply(int dev, const float* x, float* y, int64_t n, int64_t c, int64_t s,
+                                const float* weight, const float* bias, const double* mean,
+                                const double* invstd) noexcept = 0;
+  // gradSums[ch] = sum of dy, gradSums[c + ch] = sum of dy (x - mean) invstd (2c values); then
+  // dweight += gradSums[c + ch], dbias += gradSums[ch] (either may be null: not accumulated).
+  virtual Status batchNormGradSums(int dev, const float* x, const float* dy, int64_t n, int64_t c, int64_t s,
+                                   const double* mean, const double* invstd, double* gradSums, float* dweight,
+                                   float* dbias) noexcept = 0;
+  // dx = k (dy - mean(dy) - xhat mean(dy xhat)), k = weight invstd, the means over `count` values
+  // (gradSums possibly all-reduced; count a device double, the sums[c] of the forward). Eval
+  // statistics (count null): dx = k dy.
+  virtual Status batchNormBackward(int dev, const float* x, const float* dy, float* dx, int64_t n, int64_t c,
+                                   int64_t s, const float* weight, const double* mean, const double* invstd,
+                                   const double* gradSums, const double* count) noexcept = 0;
   // mask[i] = (uniform(seed, i) < keep) ? 1/keep : 0; y = x * mask. Counter-based RNG: the same seed
   // gives the same mask. `seedOnDevice` not null: the seed is read from there (dev's memory) when the
   // kernel runs, for a graph that replays with a new seed each time (as the optimizers' scalars).

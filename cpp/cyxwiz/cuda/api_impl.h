@@ -15,6 +15,7 @@ class ApiImpl final : public Api {
   int ncclVersion() const noexcept override;
   int cublasVersion() const noexcept override;
   const char* architectures() const noexcept override;
+  int cudnnVersion() const noexcept override;
 
   Status deviceCount(int* count) noexcept override;
   Status driverVersion(int* version) noexcept override;
@@ -36,10 +37,37 @@ class ApiImpl final : public Api {
               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) noexcept override;
   Status broadcastRows(int dev, const float* row, float* out, int64_t rows, int64_t cols) noexcept override;
   Status addColumnSums(int dev, const float* g, float* out, int64_t rows, int64_t cols) noexcept override;
-  Status activationForward(int dev, Activation f, const float* x, float* y, int64_t n) noexcept override;
-  Status activationBackward(int dev, Activation f, const float* x, const float* g, float* dx,
-                            int64_t n) noexcept override;
+  Status activationForward(int dev, Activation f, const float* x, float* y, int64_t n, float param) noexcept override;
+  Status activationBackward(int dev, Activation f, const float* x, const float* g, float* dx, int64_t n,
+                            float param) noexcept override;
   Status multiply(int dev, const float* a, const float* b, float* out, int64_t n) noexcept override;
+  Status add(int dev, const float* a, const float* b, float* out, int64_t n) noexcept override;
+
+  // cudnn.cpp
+  Status convForward(int dev, const ConvShape& s, const float* x, const float* w, const float* bias,
+                     float* y) noexcept override;
+  Status convBackwardData(int dev, const ConvShape& s, const float* dy, const float* w, float* dx) noexcept override;
+  Status convBackwardFilter(int dev, const ConvShape& s, const float* x, const float* dy, float* dw,
+                            float* db) noexcept override;
+  Status poolForward(int dev, const PoolShape& s, const float* x, float* y) noexcept override;
+  Status poolBackward(int dev, const PoolShape& s, const float* x, const float* y, const float* dy,
+                      float* dx) noexcept override;
+
+  // ops_batchnorm.cpp
+  Status channelSums(int dev, const float* x, int64_t n, int64_t c, int64_t s, double* sums) noexcept override;
+  Status channelSquaredDeviations(int dev, const float* x, int64_t n, int64_t c, int64_t s, const double* sums,
+                                  double* squares) noexcept override;
+  Status batchNormStatistics(int dev, int64_t c, const double* sums, const double* squares, double eps,
+                             double momentum, float* runningMean, float* runningVar, int64_t* batchesTracked,
+                             double* mean, double* invstd) noexcept override;
+  Status batchNormApply(int dev, const float* x, float* y, int64_t n, int64_t c, int64_t s, const float* weight,
+                        const float* bias, const double* mean, const double* invstd) noexcept override;
+  Status batchNormGradSums(int dev, const float* x, const float* dy, int64_t n, int64_t c, int64_t s,
+                           const double* mean, const double* invstd, double* gradSums, float* dweight,
+                           float* dbias) noexcept override;
+  Status batchNormBackward(int dev, const float* x, const float* dy, float* dx, int64_t n, int64_t c, int64_t s,
+                           const float* weight, const double* mean, const double* invstd, const double* gradSums,
+                           const double* count) noexcept override;
   Status dropoutForward(int dev, const float* x, float* y, float* mask, int64_t n, float keep, uint64_t seed,
                         const uint64_t* seedOnDevice) noexcept override;
   Status softmaxForward(int dev, const float* x, float* y, int64_t rows, int64_t cols) noexcept override;

@@ -265,7 +265,7 @@ Status ApiImpl::linearForward(int dev, const float* x, const float* w, const flo
   auto unfused = [&]() -> Status {
     if (bias) CX_TRY(broadcastRows(dev, bias, y, rows, out));
     CX_TRY(gemm(dev, false, true, rows, out, in, 1.0f, x, in, w, in, bias ? 1.0f : 0.0f, y, out));
-    if (relu) CX_TRY(activationForward(dev, Activation::ReLU, y, y, rows * out));
+    if (relu) CX_TRY(activationForward(dev, Activation::ReLU, y, y, rows * out, 0.0f));
     return {};
   };
   // Layout sizes are uint64_t but "usually only values that can be expressed as int32_t are
@@ -316,7 +316,7 @@ Status ApiImpl::linearForward16(int dev, ElemType type, const void* x, const voi
   // As linearForward's unfused path, with the 16-bit GEMM.
   if (bias) CX_TRY(broadcastRows(dev, bias, y, rows, out));
   CX_TRY(gemm16(dev, type, false, true, rows, out, in, 1.0f, x, in, w, in, bias ? 1.0f : 0.0f, y, out));
-  if (relu) CX_TRY(activationForward(dev, Activation::ReLU, y, y, rows * out));
+  if (relu) CX_TRY(activationForward(dev, Activation::ReLU, y, y, rows * out, 0.0f));
   return {};
 }
 

@@ -34,11 +34,15 @@ CX_HD inline void broadcastRowsElement(const float* row, float* out, int64_t i, 
 
 CX_HD inline void multiplyElement(const float* a, const float* b, float* out, int64_t i) { out[i] = a[i] * b[i]; }
 
+// out may be a or b: element i is read before it is written, by the same thread.
+CX_HD inline void addElement(const float* a, const float* b, float* out, int64_t i) { out[i] = a[i] + b[i]; }
+
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
 CX_HD inline constexpr bool knownActivation(Activation f) {
-  return f == Activation::ReLU || f == Activation::GELU || f == Activation::Sigmoid || f == Activation::Tanh;
+  return f == Activation::ReLU || f == Activation::GELU || f == Activation::Sigmoid || f == Activation::Tanh ||
+         f == Activation::LeakyReLU || f == Activation::ELU || f == Activation::Swish || f == Activation::Mish;
 }
 
 // Branch on the sign so exp never overflows.
@@ -48,18 +52,29 @@ CX_HD inline float sigmoid(float x) {
   return e / (1.0f + e);
 }
 
+// log(1 + e^x), x itself above torch's threshold of 20 (nn/activations.cpp).
+CX_HD inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// f(x), formulas as nn/relu.cpp, gelu.cpp, sigmoid.cpp, tanh.cpp and activations.cpp. `param`:
+// LeakyReLU's negative slope, ELU's alpha; the others ignore it.
 template <Activation F>
-CX_HD inline float activate(float x) {
+CX_HD inline float activate(float x, float param) {
+  (void)param;
   if constexpr (F == Activation::ReLU) return x > 0.0f ? x : 0.0f;
   if constexpr (F == Activation::GELU) return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
   if constexpr (F == Activation::Sigmoid) return sigmoid(x);
   if constexpr (F == Activation::Tanh) return tanhf(x);
+  if constexpr (F == Activation::LeakyReLU) return x > 0.0f ? x : x * param;
+  if constexpr (F == Activation::ELU) return x > 0.0f ? x : param * expm1f(x);
+  if constexpr (F == Activation::Swish) return x * sigmoid(x);
+  if constexpr (F == Activation::Mish) return x * tanhf(softplus(x));
   return x;
 }
 
 // g * f'(x), f' at the layer input x.
 template <Activation F>
-CX_HD inline float activateGrad(float x, float g) {
+CX_HD inline float activateGrad(float x, float g, float param) {
+  (void)param;
   if constexpr (F == Activation::ReLU) return x > 0.0f ? g : 0.0f;
   if constexpr (F == Activation::GELU) {
     const float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
@@ -74,17 +89,27 @@ CX_HD inline float activateGrad(float x, float g) {
     const float y = tanhf(x);
     return g * (1.0f - y * y);
   }
+  if constexpr (F == Activation::LeakyReLU) return g * (x > 0.0f ? 1.0f : param);
+  if constexpr (F == Activation::ELU) return g * (x > 0.0f ? 1.0f : param * expf(x));
+  if constexpr (F == Activation::Swish) {
+    const float s = sigmoid(x);
+    return g * (s * (1.0f + x * (1.0f - s)));
+  }
+  if constexpr (F == Activation::Mish) {
+    const float t = tanhf(softplus(x));
+    return g * (t + x * sigmoid(x) * (1.0f - t * t));
+  }
   return g;
 }
 
 template <Activation F>
-CX_HD inline void activationForwardElement(const float* x, float* y, int64_t i) {
-  y[i] = activate<F>(x[i]);
+CX_HD inline void activationForwardElement(const float* x, float* y, int64_t i, float param) {
+  y[i] = activate<F>(x[i], param);
 }
 
 template <Activation F>
-CX_HD inline void activationBackwardElement(const float* x, const float* g, float* dx, int64_t i) {
-  dx[i] = activateGrad<F>(x[i], g[i]);
+CX_HD inline void activationBackwardElement(const float* x, const float* g, float* dx, int64_t i, float param) {
+  dx[i] = activateGrad<F>(x[i], g[i], param);
 }
 
 // Output i of the splitmix64 generator seeded with `seed`: a counter-based stream, so element i's
@@ -284,6 +309,104 @@ CX_HD inline ArgMax better(ArgMax a, ArgMax b) {
 // The reduction's start (no candidate yet) and its answer: an all-NaN row gives 0, as the CPU.
 CX_HD inline ArgMax noArgMax() { return ArgMax{-INFINITY, kNoIndex}; }
 CX_HD inline int64_t argMaxIndex(ArgMax a) { return a.index == kNoIndex ? 0 : a.index; }
+
+// ---- kernels_batchnorm.cu: x (n, c, s), formulas as nn/batchnorm.cpp, statistics in double ----
+
+// Walks the values e = first, first + step, ... of one channel's n * s; value e = i * s + j lies at
+// offset() + ch * s of x. Incremental, so no 64-bit division per element (the kernels' steps are fixed).
+struct ChannelWalk {
+  int64_t e, step, i, j, di, dj, s, cs;
+  CX_HD ChannelWalk(int64_t first, int64_t step, int64_t c, int64_t s)
+      : e(first), step(step), i(first / s), j(first % s), di(step / s), dj(step % s), s(s), cs(c * s) {}
+  CX_HD void next() {
+    e += step;
+    i += di;
+    j += dj;
+    if (j >= s) {
+      j -= s;
+      ++i;
+    }
+  }
+  CX_HD int64_t offset() const { return i * cs + j; }
+};
+
+// The reductions' terms: x, (x - mean)^2, and for the gradient dy and dy (x - mean) (times invstd
+// once per channel, at the end, as the CPU).
+CX_HD inline double squaredDeviation(float x, double mean) {
+  const double d = x - mean;
+  return d * d;
+}
+CX_HD inline double deviationProduct(float dy, float x, double mean) { return dy * (x - mean); }
+
+// The finish of a two-pass channel reduction: slot's `splits` partials added in order. In place
+// when splits is 1 (the first pass wrote the slot itself).
+CX_HD inline double partialsSum(const double* partial, int splits, int64_t slot) {
+  double acc = 0.0;
+  for (int p = 0; p < splits; ++p) acc += partial[slot * splits + p];
+  return acc;
+}
+
+// Training statistics of channel ch from the (all-reduced) sums, count = sums[c].
+CX_HD inline void batchNormTrainingStatistics(int64_t ch, int64_t c, const double* sums, const double* squares,
+                                              double eps, double momentum, float* runningMean, float* runningVar,
+                                              double* mean, double* invstd) {
+  const double count = sums[c];
+  const double m = sums[ch] / count, var = squares[ch] / count;
+  mean[ch] = m;
+  invstd[ch] = 1.0 / sqrt(var + eps);
+  runningMean[ch] = static_cast<float>((1.0 - momentum) * runningMean[ch] + momentum * m);
+  runningVar[ch] = static_cast<float>((1.0 - momentum) * runningVar[ch] + momentum * var * count / (count - 1.0));
+}
+
+CX_HD inline void batchNormEvalStatistics(int64_t ch, double eps, const float* runningMean, const float* runningVar,
+                                          double* mean, double* invstd) {
+  mean[ch] = runningMean[ch];
+  invstd[ch] = 1.0 / sqrt(static_cast<double>(runningVar[ch]) + eps);
+}
+
+// y = x scale + shift, scale = w invstd and shift = b - mean scale in double, then float (as the CPU).
+struct ChannelAffine {
+  float scale, shift;
+};
+
+CX_HD inline ChannelAffine batchNormAffine(float w, float b, double mean, double invstd) {
+  const double scale = w * invstd;
+  return ChannelAffine{static_cast<float>(scale), static_cast<float>(b - mean * scale)};
+}
+
+CX_HD inline float batchNormApplyElement(float x, ChannelAffine a) { return x * a.scale + a.shift; }
+
+// The gradient sums' finish of channel ch: sum(dy (x - mean)) times invstd, and the parameters'
+// gradients when given.
+CX_HD inline void batchNormGradFinish(int64_t ch, int64_t c, const double* partial, int splits,
+                                      const double* invstd, double* gradSums, float* dweight, float* dbias) {
+  const double sumDy = partialsSum(partial, splits, ch);
+  const double sumDyXhat = partialsSum(partial, splits, c + ch) * invstd[ch];
+  gradSums[ch] = sumDy;
+  gradSums[c + ch] = sumDyXhat;
+  if (dweight) dweight[ch] += static_cast<float>(sumDyXhat);
+  if (dbias) dbias[ch] += static_cast<float>(sumDy);
+}
+
+// dx = a dy + bx (x - m) + c0 per channel (nn/batchnorm.cpp's backward, in float); count null
+// (eval statistics): meanDy = meanDyXhat = 0, so dx = k dy.
+struct BatchNormGradCoefficients {
+  float a, bx, c0, m;
+};
+
+CX_HD inline BatchNormGradCoefficients batchNormGradCoefficients(int64_t ch, int64_t c, float w, double mean,
+                                                                 double invstd, const double* gradSums,
+                                                                 const double* count) {
+  const double k = w * invstd;
+  const double meanDy = count ? gradSums[ch] / *count : 0.0;
+  const double meanDyXhat = count ? gradSums[c + ch] / *count : 0.0;
+  return BatchNormGradCoefficients{static_cast<float>(k), static_cast<float>(-k * meanDyXhat * invstd),
+                                   static_cast<float>(-k * meanDy), static_cast<float>(mean)};
+}
+
+CX_HD inline float batchNormGradElement(float x, float dy, BatchNormGradCoefficients k) {
+  return k.a * dy + k.bx * (x - k.m) + k.c0;
+}
 
 // ---- kernels_optim.cu: nn/sgd.cpp and nn/adam.cpp per element ----
 

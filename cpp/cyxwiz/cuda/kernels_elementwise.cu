@@ -1,5 +1,6 @@
-// Element-wise kernels: fill, bias broadcast and reduction, product, activations, dropout.
-// Formulas follow the CPU modules (nn/relu.cpp, gelu.cpp, sigmoid.cpp, tanh.cpp, dropout.cpp); the
+// Element-wise kernels: fill, bias broadcast and reduction, product, sum, activations, dropout.
+// Formulas follow the CPU modules (nn/relu.cpp, gelu.cpp, sigmoid.cpp, tanh.cpp, activations.cpp,
+// dropout.cpp); the
 // math is kernel_math.h's, the ApiImpl methods calling these launches are in ops_elementwise.cpp.
 #include "cyxwiz/cuda/kernel_utils.cuh"
 #include "cyxwiz/cuda/launch.h"
@@ -41,14 +42,28 @@ __global__ void multiplyKernel(const float* a, const float* b, float* out, int64
   for (int64_t i = globalIndex(); i < n; i += globalStride()) multiplyElement(a, b, out, i);
 }
 
-template <Activation F>
-__global__ void activationForwardKernel(const float* x, float* y, int64_t n) {
-  for (int64_t i = globalIndex(); i < n; i += globalStride()) activationForwardElement<F>(x, y, i);
+__global__ void addKernel(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = globalIndex(); i < n; i += globalStride()) addElement(a, b, out, i);
 }
 
 template <Activation F>
-__global__ void activationBackwardKernel(const float* x, const float* g, float* dx, int64_t n) {
-  for (int64_t i = globalIndex(); i < n; i += globalStride()) activationBackwardElement<F>(x, g, dx, i);
+__global__ void activationForwardKernel(const float* x, float* y, int64_t n, float param) {
+  for (int64_t i = globalIndex(); i < n; i += globalStride()) activationForwardElement<F>(x, y, i, param);
+}
+
+template <Activation F>
+__global__ void activationBackwardKernel(const float* x, const float* g, float* dx, int64_t n, float param) {
+  for (int64_t i = globalIndex(); i < n; i += globalStride()) activationBackwardElement<F>(x, g, dx, i, param);
+}
+
+template <Activation F>
+void forward(cudaStream_t s, const float* x, float* y, int64_t n, float param) {
+  activationForwardKernel<F><<<gridFor(n), kThreads, 0, s>>>(x, y, n, param);
+}
+
+template <Activation F>
+void backward(cudaStream_t s, const float* x, const float* g, float* dx, int64_t n, float param) {
+  activationBackwardKernel<F><<<gridFor(n), kThreads, 0, s>>>(x, g, dx, n, param);
 }
 
 __global__ void dropoutKernel(const float* x, float* y, float* mask, int64_t n, float keep, float scale,
@@ -85,25 +100,34 @@ void launchMultiply(cudaStream_t s, const float* a, const float* b, float* out, 
   multiplyKernel<<<gridFor(n), kThreads, 0, s>>>(a, b, out, n);
 }
 
-void launchActivationForward(cudaStream_t s, Activation f, const float* x, float* y, int64_t n) {
-  const unsigned grid = gridFor(n);
+void launchAdd(cudaStream_t s, const float* a, const float* b, float* out, int64_t n) {
+  addKernel<<<gridFor(n), kThreads, 0, s>>>(a, b, out, n);
+}
+
+void launchActivationForward(cudaStream_t s, Activation f, const float* x, float* y, int64_t n, float param) {
   switch (f) {
-    case Activation::ReLU: activationForwardKernel<Activation::ReLU><<<grid, kThreads, 0, s>>>(x, y, n); break;
-    case Activation::GELU: activationForwardKernel<Activation::GELU><<<grid, kThreads, 0, s>>>(x, y, n); break;
-    case Activation::Sigmoid: activationForwardKernel<Activation::Sigmoid><<<grid, kThreads, 0, s>>>(x, y, n); break;
-    case Activation::Tanh: activationForwardKernel<Activation::Tanh><<<grid, kThreads, 0, s>>>(x, y, n); break;
+    case Activation::ReLU: forward<Activation::ReLU>(s, x, y, n, param); break;
+    case Activation::GELU: forward<Activation::GELU>(s, x, y, n, param); break;
+    case Activation::Sigmoid: forward<Activation::Sigmoid>(s, x, y, n, param); break;
+    case Activation::Tanh: forward<Activation::Tanh>(s, x, y, n, param); break;
+    case Activation::LeakyReLU: forward<Activation::LeakyReLU>(s, x, y, n, param); break;
+    case Activation::ELU: forward<Activation::ELU>(s, x, y, n, param); break;
+    case Activation::Swish: forward<Activation::Swish>(s, x, y, n, param); break;
+    case Activation::Mish: forward<Activation::Mish>(s, x, y, n, param); break;
   }
 }
 
-void launchActivationBackward(cudaStream_t s, Activation f, const float* x, const float* g, float* dx, int64_t n) {
-  const unsigned grid = gridFor(n);
+void launchActivationBackward(cudaStream_t s, Activation f, const float* x, const float* g, float* dx, int64_t n,
+                              float param) {
   switch (f) {
-    case Activation::ReLU: activationBackwardKernel<Activation::ReLU><<<grid, kThreads, 0, s>>>(x, g, dx, n); break;
-    case Activation::GELU: activationBackwardKernel<Activation::GELU><<<grid, kThreads, 0, s>>>(x, g, dx, n); break;
-    case Activation::Sigmoid:
-      activationBackwardKernel<Activation::Sigmoid><<<grid, kThreads, 0, s>>>(x, g, dx, n);
-      break;
-    case Activation::Tanh: activationBackwardKernel<Activation::Tanh><<<grid, kThreads, 0, s>>>(x, g, dx, n); break;
+    case Activation::ReLU: backward<Activation::ReLU>(s, x, g, dx, n, param); break;
+    case Activation::GELU: backward<Activation::GELU>(s, x, g, dx, n, param); break;
+    case Activation::Sigmoid: backward<Activation::Sigmoid>(s, x, g, dx, n, param); break;
+    case Activation::Tanh: backward<Activation::Tanh>(s, x, g, dx, n, param); break;
+    case Activation::LeakyReLU: backward<Activation::LeakyReLU>(s, x, g, dx, n, param); break;
+    case Activation::ELU: backward<Activation::ELU>(s, x, g, dx, n, param); break;
+    case Activation::Swish: backward<Activation::Swish>(s, x, g, dx, n, param); break;
+    case Activation::Mish: backward<Activation::Mish>(s, x, g, dx, n, param); break;
   }
 }
 

@@ -53,9 +53,11 @@ void launchFill(cudaStream_t s, float* dst, int64_t n, float value);
 void launchBroadcastRows(cudaStream_t s, const float* row, float* out, int64_t rows, int64_t cols);
 void launchAddColumnSums(cudaStream_t s, const float* g, float* out, int64_t rows, int64_t cols);
 void launchMultiply(cudaStream_t s, const float* a, const float* b, float* out, int64_t n);
-// f must be knownActivation (kernel_math.h); another launches nothing.
-void launchActivationForward(cudaStream_t s, Activation f, const float* x, float* y, int64_t n);
-void launchActivationBackward(cudaStream_t s, Activation f, const float* x, const float* g, float* dx, int64_t n);
+void launchAdd(cudaStream_t s, const float* a, const float* b, float* out, int64_t n);
+// f must be knownActivation (kernel_math.h); another launches nothing. `param`: see Activation.
+void launchActivationForward(cudaStream_t s, Activation f, const float* x, float* y, int64_t n, float param);
+void launchActivationBackward(cudaStream_t s, Activation f, const float* x, const float* g, float* dx, int64_t n,
+                              float param);
 void launchDropout(cudaStream_t s, const float* x, float* y, float* mask, int64_t n, float keep, float scale,
                    uint64_t seed, const uint64_t* seedOnDevice);
 
@@ -92,6 +94,55 @@ void launchFinishCount(cudaStream_t s, const long long* partial, int count, doub
 void launchCrossEntropyBackward(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
                                 float* grad, int64_t rows, int64_t classes, float invRows);
 void launchMseBackward(cudaStream_t s, const float* y, const float* t, float* grad, int64_t n, float scale);
+
+// ---- kernels_batchnorm.cu: x (n, c, s), per-channel statistics in double ----
+//
+// A grid of (splits, min(c, 65535)) blocks of kThreads: block (p, ch) takes the values p * kThreads
+// + t, then a step of splits * kThreads further, of channel ch's n * s (ChannelWalk), for
+// channels ch, ch + 65535, ... The reductions are two fixed-order passes: each block writes the
+// blockSum of its threads' sums to partial[(q * c + ch) * splits + p] (q: the quantity, 2 for the
+// gradient's), then one thread per channel adds its `splits` partials in order. Why not one block
+// per channel: c = 64 channels of 256 x 1024 values would keep 64 blocks of 132 SMs busy, each
+// with a long dependent loop; splitting fills the GPU and stays deterministic (splits depends on
+// the shape only). With splits = 1 the first pass writes the result slots themselves.
+
+// Blocks per channel of a reduction: ~16 values per thread, as many as `capacity` partials allow.
+inline int channelSplits(int64_t perChannel, int64_t c, int quantities, int capacity) {
+  const int64_t wanted = (perChannel + kThreads * 16 - 1) / (kThreads * 16);
+  const int64_t room = capacity / (c * quantities);
+  return static_cast<int>(std::max<int64_t>(1, std::min(wanted, room)));
+}
+// Blocks per channel of the element-wise passes (apply, backward): ~8 values per thread.
+inline unsigned channelBlocks(int64_t perChannel) {
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>((perChannel + kThreads * 8 - 1) / (kThreads * 8), 1),
+                                                 65535));
+}
+constexpr int64_t kMaxGridY = 65535;
+
+// First passes (`partial` holds quantities * c * splits doubles).
+void launchChannelSumPartials(cudaStream_t s, const float* x, int64_t n, int64_t c, int64_t sp, double* partial,
+                              int splits);
+void launchChannelSquarePartials(cudaStream_t s, const float* x, int64_t n, int64_t c, int64_t sp, const double* sums,
+                                 double* partial, int splits);
+// Two quantities: dy, and dy (x - mean).
+void launchBatchNormGradPartials(cudaStream_t s, const float* x, const float* dy, int64_t n, int64_t c, int64_t sp,
+                                 const double* mean, double* partial, int splits);
+// Finishes: out[ch] = the partials' sum (0 with splits = 0: no values, no first pass); channelSums
+// also writes sums[c] = count.
+void launchFinishChannelSums(cudaStream_t s, const double* partial, int splits, int64_t c, double* sums, double count);
+void launchFinishChannelSquares(cudaStream_t s, const double* partial, int splits, int64_t c, double* squares);
+// kernel_math.h's batchNormGradFinish per channel.
+void launchFinishBatchNormGrad(cudaStream_t s, const double* partial, int splits, int64_t c, const double* invstd,
+                               double* gradSums, float* dweight, float* dbias);
+// One thread per channel; training when sums is not null (and then *batchesTracked += 1).
+void launchBatchNormStatistics(cudaStream_t s, int64_t c, const double* sums, const double* squares, double eps,
+                               double momentum, float* runningMean, float* runningVar, int64_t* batchesTracked,
+                               double* mean, double* invstd);
+void launchBatchNormApply(cudaStream_t s, const float* x, float* y, int64_t n, int64_t c, int64_t sp,
+                          const float* weight, const float* bias, const double* mean, const double* invstd);
+void launchBatchNormBackward(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t n, int64_t c,
+                             int64_t sp, const float* weight, const double* mean, const double* invstd,
+                             const double* gradSums, const double* count);
 
 // ---- kernels_optim.cu: count in [1, kTensorsPerLaunch], largest = the largest n among them (> 0) ----
 

@@ -52,22 +52,30 @@ Status ApiImpl::multiply(int dev, const float* a, const float* b, float* out, in
   return launchStatus("multiplyKernel", dev);
 }
 
-Status ApiImpl::activationForward(int dev, Activation f, const float* x, float* y, int64_t n) noexcept {
+Status ApiImpl::add(int dev, const float* a, const float* b, float* out, int64_t n) noexcept {
+  if (n <= 0) return {};
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  launchAdd(s->compute, a, b, out, n);
+  return launchStatus("addKernel", dev);
+}
+
+Status ApiImpl::activationForward(int dev, Activation f, const float* x, float* y, int64_t n, float param) noexcept {
   if (n <= 0) return {};
   DeviceState* s = nullptr;
   CX_TRY(useDevice(dev, &s));
   if (!knownActivation(f)) return unknownActivation("activationForward", dev, f);
-  launchActivationForward(s->compute, f, x, y, n);
+  launchActivationForward(s->compute, f, x, y, n, param);
   return launchStatus("activationForwardKernel", dev);
 }
 
-Status ApiImpl::activationBackward(int dev, Activation f, const float* x, const float* g, float* dx,
-                                   int64_t n) noexcept {
+Status ApiImpl::activationBackward(int dev, Activation f, const float* x, const float* g, float* dx, int64_t n,
+                                   float param) noexcept {
   if (n <= 0) return {};
   DeviceState* s = nullptr;
   CX_TRY(useDevice(dev, &s));
   if (!knownActivation(f)) return unknownActivation("activationBackward", dev, f);
-  launchActivationBackward(s->compute, f, x, g, dx, n);
+  launchActivationBackward(s->compute, f, x, g, dx, n, param);
   return launchStatus("activationBackwardKernel", dev);
 }
 

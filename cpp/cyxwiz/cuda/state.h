@@ -12,6 +12,10 @@
 
 #include "cyxwiz/cuda/api.h"
 
+// cudnnHandle_t is `struct cudnnContext*` (cudnn_graph.h): declared here so that this header, which
+// every file includes, needs no cudnn.h (cuDNN is optional, CYXWIZ_HAVE_CUDNN).
+struct cudnnContext;
+
 namespace cyxwiz::cuda {
 
 // Block partials of the deterministic reductions (losses, correct counts): one slot per block of
@@ -38,8 +42,12 @@ struct DeviceState {
   void* blasWorkspace = nullptr;  // kBlasWorkspaceBytes, for both handles
   DeviceScratch* scratch = nullptr;
   cudaEvent_t computeMark = nullptr;  // reused by commWaitsForCompute
-  // Serialises the users of scratch (a reduction enqueues two kernels that share it) and of the
-  // handle's math mode, should two threads drive one device.
+  // cuDNN's handle: created on the first convolution or pooling (cudnn.cpp), as cudnnCreate loads
+  // cuDNN's sub-libraries and costs much more than the other handles; never destroyed.
+  cudnnContext* dnn = nullptr;
+  // Serialises the users of scratch (a reduction enqueues two kernels that share it), of the cuBLAS
+  // handle's math mode and of the cuDNN handle and its cached descriptors, should two threads drive
+  // one device.
   std::mutex mutex;
 
   // What free() must know while the compute stream is being captured (graphs.cpp, memory.cpp): a

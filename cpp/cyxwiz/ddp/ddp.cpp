@@ -179,6 +179,11 @@ void DistributedDataParallel::broadcastBuffers() {
   // Float32 statistics and int64 counters travel together as float64, exact for both (counts < 2^53).
   const std::vector<nn::Buffer*> buffers = model_->buffers();
   if (buffers.empty() || worldSize() == 1) return;
+  if (model_->device().type == DeviceType::CUDA) {
+    // On the device, one broadcast a buffer: no host round trip (and capturable in a graphed step).
+    for (nn::Buffer* b : buffers) backend_->broadcast(b->value, 0, false)->wait();
+    return;
+  }
   int64_t total = 0;
   for (nn::Buffer* b : buffers) total += b->value.numel();
   Tensor flat = Tensor::empty({total}, DType::Float64);

@@ -27,12 +27,12 @@ int convertSyncBatchNorm(nn::SequentialModel& model) {
 }
 
 void installSyncBatchNorm() {
-  nn::setStatsAllReduce([](std::vector<double>& values) {
+  nn::setStatsAllReduce([](const Tensor& values) {
     if (!comm::isInitialized()) return false;
     std::shared_ptr<comm::Backend> backend = comm::backend("SyncBatchNorm");
     if (backend->worldSize() < 2) return false;
-    Tensor t = Tensor::fromExternal(values.data(), {static_cast<int64_t>(values.size())}, DType::Float64, nullptr);
-    backend->allReduce(t, comm::ReduceOp::Sum, false)->wait();
+    // On a GPU under NCCL the sums stay there; a CPU backend stages them through the host.
+    backend->allReduce(values, comm::ReduceOp::Sum, false)->wait();
     return true;
   });
 }

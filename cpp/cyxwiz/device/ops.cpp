@@ -48,14 +48,14 @@ void addColumnSums(const Device& device, const float* g, float* out, int64_t row
   }
 }
 
-void gpuActivation(const Tensor& x, Tensor& y, cuda::Activation f) {
-  CYX_CUDA(activationForward(x.device().index, f, x.deviceData<float>(), y.deviceData<float>(), x.numel()));
+void gpuActivation(const Tensor& x, Tensor& y, cuda::Activation f, float param) {
+  CYX_CUDA(activationForward(x.device().index, f, x.deviceData<float>(), y.deviceData<float>(), x.numel(), param));
 }
 
-void gpuActivationGrad(const Tensor& x, const Tensor& g, Tensor& dx, cuda::Activation f) {
+void gpuActivationGrad(const Tensor& x, const Tensor& g, Tensor& dx, cuda::Activation f, float param) {
   requireSameDevice(x, g, "backward");
   CYX_CUDA(activationBackward(g.device().index, f, x.deviceData<float>(), g.deviceData<float>(), dx.deviceData<float>(),
-                              g.numel()));
+                              g.numel(), param));
 }
 
 void requireSameDevice(const Tensor& a, const Tensor& b, const char* who) {

@@ -22,8 +22,9 @@ void linearForward(const Device& device, const float* x, const float* w, const f
 void addColumnSums(const Device& device, const float* g, float* out, int64_t rows, int64_t cols);
 
 // The GPU halves of the element-wise activations (nn/elementwise.h dispatches to them).
-void gpuActivation(const Tensor& x, Tensor& y, cuda::Activation f);
-void gpuActivationGrad(const Tensor& x, const Tensor& g, Tensor& dx, cuda::Activation f);
+// `param`: LeakyReLU's slope or ELU's alpha (cuda::Activation).
+void gpuActivation(const Tensor& x, Tensor& y, cuda::Activation f, float param = 0.0f);
+void gpuActivationGrad(const Tensor& x, const Tensor& g, Tensor& dx, cuda::Activation f, float param = 0.0f);
 
 // Throws unless both tensors are on the same device; `who` names the caller.
 void requireSameDevice(const Tensor& a, const Tensor& b, const char* who);

@@ -17,16 +17,25 @@ float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 Tensor PointwiseModule::forward(const Tensor& input) {
   requireFloatTensor(input, typeName() + ".forward");
-  CYX_CHECK(!input.isCuda(), typeName(), " has CPU kernels only and its input is on ", input.device().str(),
-            "; keep a model with this layer on the CPU");
   input_ = keepForBackward(input);
+  if (input.isCuda()) {
+    Tensor y = Tensor::empty(input.shape(), DType::Float32, input.device());
+    ops::gpuActivation(input, y, gpuKind(), gpuParam());
+    return y;
+  }
   return mapElements(input, [this](float x) { return value(x); });
 }
 
 Tensor PointwiseModule::backward(const Tensor& gradOutput) {
   checkBackward(input_, gradOutput, input_.shape());
   if (!needInputGrad_) return Tensor();
-  return zipElements(input_, gradOutput, [this](float x, float g) { return g * derivative(x); });
+  const Tensor g = gradOutput.to(input_.device());
+  if (g.isCuda()) {
+    Tensor dx = Tensor::empty(g.shape(), DType::Float32, g.device());
+    ops::gpuActivationGrad(input_, g, dx, gpuKind(), gpuParam());
+    return dx;
+  }
+  return zipElements(input_, g, [this](float x, float d) { return d * derivative(x); });
 }
 
 LeakyReLUModule::LeakyReLUModule(double negativeSlope) : slope_(negativeSlope) {

@@ -1,7 +1,9 @@
-// The smooth and leaky activations, element-wise over any shape, CPU kernels: LeakyReLUModule,
+// The smooth and leaky activations, element-wise over any shape: LeakyReLUModule,
 // ELUModule, SwishModule (SiLU, x * sigmoid(x)) and MishModule (x * tanh(softplus(x))), as torch's.
+// On a GPU the CUDA library's activation kernels compute the same formulas (cuda/kernel_math.h).
 #pragma once
 
+#include "cyxwiz/cuda/api.h"
 #include "cyxwiz/nn/module.h"
 
 namespace cyxwiz::nn {
@@ -11,12 +13,14 @@ class PointwiseModule : public Module {
  public:
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& gradOutput) override;
-  bool runsOnGpu() const override { return false; }
   std::vector<Tensor> savedTensors() const override { return input_.defined() ? std::vector<Tensor>{input_} : std::vector<Tensor>{}; }
 
  protected:
   virtual float value(float x) const = 0;
   virtual float derivative(float x) const = 0;
+  // The GPU kernel of the same formula and its parameter (a slope or an alpha).
+  virtual cuda::Activation gpuKind() const = 0;
+  virtual float gpuParam() const { return 0.0f; }
   void clearCache() override { input_ = Tensor(); }
 
  private:
@@ -34,6 +38,8 @@ class LeakyReLUModule : public PointwiseModule {
  protected:
   float value(float x) const override { return x > 0.0f ? x : x * static_cast<float>(slope_); }
   float derivative(float x) const override { return x > 0.0f ? 1.0f : static_cast<float>(slope_); }
+  cuda::Activation gpuKind() const override { return cuda::Activation::LeakyReLU; }
+  float gpuParam() const override { return static_cast<float>(slope_); }
 
  private:
   double slope_;
@@ -50,6 +56,8 @@ class ELUModule : public PointwiseModule {
  protected:
   float value(float x) const override;
   float derivative(float x) const override;
+  cuda::Activation gpuKind() const override { return cuda::Activation::ELU; }
+  float gpuParam() const override { return static_cast<float>(alpha_); }
 
  private:
   double alpha_;
@@ -62,6 +70,7 @@ class SwishModule : public PointwiseModule {
  protected:
   float value(float x) const override;
   float derivative(float x) const override;
+  cuda::Activation gpuKind() const override { return cuda::Activation::Swish; }
 };
 
 class MishModule : public PointwiseModule {
@@ -71,6 +80,7 @@ class MishModule : public PointwiseModule {
  protected:
   float value(float x) const override;
   float derivative(float x) const override;
+  cuda::Activation gpuKind() const override { return cuda::Activation::Mish; }
 };
 
 }  // namespace cyxwiz::nn

@@ -6,6 +6,7 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/parallel.h"
+#include "cyxwiz/device/cuda.h"
 
 namespace cyxwiz::nn {
 
@@ -95,6 +96,10 @@ Shape BatchNormModule::outputShape(const Shape& input) const {
 }
 
 bool BatchNormModule::reduce(std::vector<double>& values) const {
+  return reduce(Tensor::fromExternal(values.data(), {static_cast<int64_t>(values.size())}, DType::Float64, nullptr));
+}
+
+bool BatchNormModule::reduce(const Tensor& values) const {
   if (!sync_) return false;
   StatsAllReduce f;
   {
@@ -106,9 +111,11 @@ bool BatchNormModule::reduce(std::vector<double>& values) const {
 
 Tensor BatchNormModule::forward(const Tensor& input) {
   const std::string who = repr() + ".forward";
-  requireHostInput(input, who, input.dim() >= 2 ? input.dim() : 2, dims_ == 2 ? "(N, C, H, W)" : "(N, C)");
+  requireInput(input, who, input.dim() >= 2 ? input.dim() : 2, dims_ == 2 ? "(N, C, H, W)" : "(N, C)");
   outputShape(input.shape());
   const int64_t N = input.size(0), C = features_, S = input.numel() / std::max<int64_t>(N * C, 1);
+  if (weight_.value.isCuda()) return forwardGpu(input, N, S);
+  gpuSums_ = gpuMean_ = gpuInvstd_ = Tensor();
   const float* x = input.data<float>();
   mean_.assign(static_cast<size_t>(C), 0.0);
   invstd_.assign(static_cast<size_t>(C), 0.0);
@@ -166,8 +173,66 @@ Tensor BatchNormModule::forward(const Tensor& input) {
   return output;
 }
 
+Tensor BatchNormModule::forwardGpu(const Tensor& input, int64_t N, int64_t S) {
+  const Device device = weight_.value.device();
+  const int dev = device.index;
+  const int64_t C = features_;
+  const Tensor x = input.to(device);
+  Tensor mean = Tensor::empty({C}, DType::Float64, device), invstd = Tensor::empty({C}, DType::Float64, device);
+  batchStats_ = training_;
+  gpuSums_ = Tensor();
+  if (training_) {
+    // Checked on this rank's rows (the global count is not on the host): synchronised, any rank may hold one.
+    CYX_CHECK(sync_ || N * S > 1, repr(), ".forward: expected more than 1 value per channel when training, got input ",
+              shapeString(input.shape()), "; use a larger batch or eval()");
+    Tensor sums = Tensor::empty({C + 1}, DType::Float64, device), squares = Tensor::empty({C}, DType::Float64, device);
+    CYX_CUDA(channelSums(dev, x.deviceData<float>(), N, C, S, sums.deviceData<double>()));
+    reduce(sums);
+    CYX_CUDA(channelSquaredDeviations(dev, x.deviceData<float>(), N, C, S, sums.deviceData<double>(),
+                                      squares.deviceData<double>()));
+    reduce(squares);
+    CYX_CUDA(batchNormStatistics(dev, C, sums.deviceData<double>(), squares.deviceData<double>(), eps_, momentum_,
+                                 runningMean_.value.deviceData<float>(), runningVar_.value.deviceData<float>(),
+                                 batchesTracked_.value.deviceData<int64_t>(), mean.deviceData<double>(),
+                                 invstd.deviceData<double>()));
+    gpuSums_ = sums;
+  } else {
+    CYX_CUDA(batchNormStatistics(dev, C, nullptr, nullptr, eps_, momentum_, runningMean_.value.deviceData<float>(),
+                                 runningVar_.value.deviceData<float>(), nullptr, mean.deviceData<double>(),
+                                 invstd.deviceData<double>()));
+  }
+  Tensor output = Tensor::empty(x.shape(), DType::Float32, device);
+  CYX_CUDA(batchNormApply(dev, x.deviceData<float>(), output.deviceData<float>(), N, C, S, weight_.value.deviceData<float>(),
+                          bias_.value.deviceData<float>(), mean.deviceData<double>(), invstd.deviceData<double>()));
+  gpuMean_ = mean;
+  gpuInvstd_ = invstd;
+  input_ = keepForBackward(x);
+  return output;
+}
+
+Tensor BatchNormModule::backwardGpu(const Tensor& gradOutput) {
+  const Device device = input_.device();
+  const int dev = device.index;
+  const int64_t N = input_.size(0), C = features_, S = input_.numel() / std::max<int64_t>(N * C, 1);
+  const Tensor g = gradOutput.to(device);
+  Tensor gradSums = Tensor::empty({2 * C}, DType::Float64, device);
+  CYX_CUDA(batchNormGradSums(dev, input_.deviceData<float>(), g.deviceData<float>(), N, C, S, gpuMean_.deviceData<double>(),
+                             gpuInvstd_.deviceData<double>(), gradSums.deviceData<double>(),
+                             weight_.grad.deviceData<float>(), bias_.grad.deviceData<float>()));
+  gradsReady();
+  if (!needInputGrad_) return Tensor();
+  if (batchStats_) reduce(gradSums);  // the gradient flows through the statistics of every rank's rows
+  Tensor gradInput = Tensor::empty(input_.shape(), DType::Float32, device);
+  CYX_CUDA(batchNormBackward(dev, input_.deviceData<float>(), g.deviceData<float>(), gradInput.deviceData<float>(), N, C, S,
+                             weight_.value.deviceData<float>(), gpuMean_.deviceData<double>(),
+                             gpuInvstd_.deviceData<double>(), gradSums.deviceData<double>(),
+                             batchStats_ ? gpuSums_.deviceData<double>() + C : nullptr));
+  return gradInput;
+}
+
 Tensor BatchNormModule::backward(const Tensor& gradOutput) {
   checkBackward(input_, gradOutput, input_.shape());
+  if (input_.isCuda()) return backwardGpu(gradOutput);
   const int64_t N = input_.size(0), C = features_, S = input_.numel() / std::max<int64_t>(N * C, 1);
   const float* x = input_.data<float>();
   const float* g = gradOutput.data<float>();

@@ -6,6 +6,9 @@
 // Synchronised (cx.distributed.convert_sync_batchnorm, torch's SyncBatchNorm): the per-channel sums
 // are all-reduced inside forward (the mean, then the squared deviations from it) and backward (the
 // gradient's two sums), so N ranks of B rows normalise as one process of N*B rows.
+//
+// On a GPU the same steps run as the CUDA library's batch-norm kernels (cuda/api.h channelSums...),
+// float64 statistics in device memory, all-reduced there (NCCL) when synchronised.
 #pragma once
 
 #include <functional>
@@ -15,9 +18,10 @@
 
 namespace cyxwiz::nn {
 
-// Sums `values` element-wise across the ranks of the job, in place; false when there is no job of
-// more than one rank (the statistics are then this process's alone, as torch's SyncBatchNorm).
-using StatsAllReduce = std::function<bool(std::vector<double>& values)>;
+// Sums `values` (a float64 tensor on the CPU or a GPU) element-wise across the ranks of the job, in
+// place; false when there is no job of more than one rank (the statistics are then this process's
+// alone, as torch's SyncBatchNorm).
+using StatsAllReduce = std::function<bool(const Tensor& values)>;
 // Installed by the distributed layer (cyxwiz/ddp/sync_batchnorm.h); none means no job.
 void setStatsAllReduce(StatsAllReduce reduce);
 
@@ -34,7 +38,6 @@ class BatchNormModule : public Module {
   ModuleSpec spec() const override;
   std::string repr() const override;
   Shape outputShape(const Shape& input) const override;
-  bool runsOnGpu() const override { return false; }
   std::vector<Tensor> savedTensors() const override { return input_.defined() ? std::vector<Tensor>{input_} : std::vector<Tensor>{}; }
 
   int64_t numFeatures() const { return features_; }
@@ -48,11 +51,15 @@ class BatchNormModule : public Module {
     input_ = Tensor();
     mean_.clear();
     invstd_.clear();
+    gpuSums_ = gpuMean_ = gpuInvstd_ = Tensor();
   }
 
  private:
   // `values` summed across ranks when synchronised; returns whether they were.
   bool reduce(std::vector<double>& values) const;
+  bool reduce(const Tensor& values) const;
+  Tensor forwardGpu(const Tensor& input, int64_t N, int64_t S);
+  Tensor backwardGpu(const Tensor& gradOutput);
 
   int dims_;
   int64_t features_;
@@ -64,6 +71,8 @@ class BatchNormModule : public Module {
   std::vector<double> mean_, invstd_;  // the statistics it used, per channel
   bool batchStats_ = false;           // they were the batch's (training), not the running ones
   double count_ = 0;                  // values per channel behind them (all ranks when synchronised)
+  // On a GPU: the forward's sums (C + 1 float64, the count last) and the statistics it used (C each).
+  Tensor gpuSums_, gpuMean_, gpuInvstd_;
 };
 
 class BatchNorm1DModule : public BatchNormModule {

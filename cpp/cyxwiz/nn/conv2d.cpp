@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
+#include "cyxwiz/device/ops16.h"
 #include "cyxwiz/nn/autocast.h"
 #include "cyxwiz/tensor/blas.h"
 #include "cyxwiz/tensor/convert16.h"
@@ -119,9 +121,11 @@ dnnl::ConvShape Conv2DModule::kernelShape(const Shape& input) const {
 }
 
 Tensor Conv2DModule::forward(const Tensor& input) {
-  requireHostInput(input, repr() + ".forward", 4, "(N, C, H, W)");
+  requireInput(input, repr() + ".forward", 4, "(N, C, H, W)");
   const Shape outShape = outputShape(input.shape());
-  const ConvGeometry g = geometry(input.shape());
+  if (weight_.value.isCuda()) return forwardGpu(input, outShape);
+  const Tensor host = input.to(Device{});  // a GPU input of a CPU layer: copied once, here at the edge
+  const ConvGeometry g = geometry(host.shape());
   const int64_t P = g.outHeight() * g.outWidth(), inSample = g.channels * g.height * g.width;
   const int64_t Og = out_ / groups_, Kg = g.rows() / groups_;
   Tensor output = Tensor::empty(outShape);
@@ -132,19 +136,19 @@ Tensor Conv2DModule::forward(const Tensor& input) {
   if (half_ == DType::BFloat16 && dnnl::available()) {
     // oneDNN's bfloat16 kernels: the 16-bit input is what backward keeps (half the bytes); the weight
     // is rounded by the reorder into the kernel's layout.
-    Tensor x16 = narrowActivation(input, DType::BFloat16);
-    dnnl::ConvShape shape = kernelShape(input.shape());
+    Tensor x16 = narrowActivation(host, DType::BFloat16);
+    dnnl::ConvShape shape = kernelShape(host.shape());
     shape.bf16 = true;
     if (dnnl::convForward(shape, x16.rawData(), weight_.value.data<float>(), b, o)) {
       input_ = x16;
       return output;
     }
   }
-  const Tensor xin = half_ ? rounded(input, *half_) : keepForBackward(input);
+  const Tensor xin = half_ ? rounded(host, *half_) : keepForBackward(host);
   const Tensor weight = half_ ? rounded(weight_.value, *half_) : weight_.value;
   const float* x = xin.data<float>();
   const float* w = weight.data<float>();
-  if (dnnl::available() && dnnl::convForward(kernelShape(input.shape()), x, w, b, o)) {
+  if (dnnl::available() && dnnl::convForward(kernelShape(host.shape()), x, w, b, o)) {
     input_ = xin;
     return output;
   }
@@ -181,6 +185,7 @@ Tensor Conv2DModule::forward(const Tensor& input) {
 Tensor Conv2DModule::backward(const Tensor& gradOutput) {
   requireForward(input_);
   checkBackward(input_, gradOutput, outputShape(input_.shape()));
+  if (input_.isCuda()) return backwardGpu(gradOutput);
   if (input_.dtype() == DType::BFloat16) {  // oneDNN's bfloat16 forward: its backward kernels too
     dnnl::ConvShape shape = kernelShape(input_.shape());
     shape.bf16 = true;
@@ -212,6 +217,54 @@ Tensor Conv2DModule::backward(const Tensor& gradOutput) {
     if (dnnl::convBackwardData(shape, g.data<float>(), weight.data<float>(), gradInput.data<float>())) return gradInput;
   }
   return inputGradIm2col(g, weight);
+}
+
+namespace {
+
+cuda::ConvShape cudaShape(const dnnl::ConvShape& s) {
+  return {s.batch, s.channels, s.height, s.width, s.outChannels, s.outHeight, s.outWidth, s.kh, s.kw, s.sh, s.sw,
+          s.ph, s.pw, s.dh, s.dw, s.groups};
+}
+
+// `t` (float32 on a GPU) rounded to the 16-bit type and widened back: autocast's operands for the
+// float32 cuDNN kernels (16-bit products, float32 accumulation), as the CPU's fallback rounds them.
+Tensor roundedOnDevice(const Tensor& t, DType dtype) {
+  const Tensor t16 = ops::narrowOnDevice(t, dtype);
+  Tensor out = Tensor::empty(t.shape(), DType::Float32, t.device());
+  CYX_CUDA(convertFloats(t.device().index, t16.rawData(), static_cast<cuda::ElemType>(dtype), out.deviceData<float>(),
+                         cuda::ElemType::Float32, t.numel(), 1.0f));
+  return out;
+}
+
+}  // namespace
+
+Tensor Conv2DModule::forwardGpu(const Tensor& input, const Shape& outShape) {
+  const Device device = weight_.value.device();
+  input_ = Tensor();
+  half_ = autocastDtype();
+  const Tensor x = half_ ? roundedOnDevice(input.to(device), *half_) : keepForBackward(input.to(device));
+  const Tensor weight = half_ ? roundedOnDevice(weight_.value, *half_) : weight_.value;
+  Tensor output = Tensor::empty(outShape, DType::Float32, device);
+  CYX_CUDA(convForward(device.index, cudaShape(kernelShape(x.shape())), x.deviceData<float>(), weight.deviceData<float>(),
+                       hasBias_ ? bias_.value.deviceData<float>() : nullptr, output.deviceData<float>()));
+  input_ = x;
+  return output;
+}
+
+Tensor Conv2DModule::backwardGpu(const Tensor& gradOutput) {
+  const Device device = input_.device();
+  const Tensor moved = gradOutput.to(device);
+  const Tensor g = half_ ? roundedOnDevice(moved, *half_) : moved;
+  const cuda::ConvShape shape = cudaShape(kernelShape(input_.shape()));
+  CYX_CUDA(convBackwardFilter(device.index, shape, input_.deviceData<float>(), g.deviceData<float>(),
+                              weight_.grad.deviceData<float>(), hasBias_ ? bias_.grad.deviceData<float>() : nullptr));
+  gradsReady();
+  if (!needInputGrad_) return Tensor();
+  const Tensor weight = half_ ? roundedOnDevice(weight_.value, *half_) : weight_.value;
+  Tensor gradInput = Tensor::empty(input_.shape(), DType::Float32, device);
+  CYX_CUDA(convBackwardData(device.index, shape, g.deviceData<float>(), weight.deviceData<float>(),
+                            gradInput.deviceData<float>()));
+  return gradInput;
 }
 
 // dy'[out, count*P] of the chunk of `count` samples from `first`: the gradient itself for one sample,

@@ -2,6 +2,7 @@
 // Weight (out_channels, in_channels / groups, kh, kw) and bias (out_channels), torch's layout.
 // CPU kernels: oneDNN's when the onednn-cpu-gomp wheel is installed (tensor/dnnl.h), else im2col over
 // chunks of samples sized to stay in the cache and one sgemm per group and chunk (nn/im2col.h).
+// GPU: cuDNN through the CUDA library (cuda/api.h convForward...), where the layer's weight lives.
 #pragma once
 
 #include <array>
@@ -30,7 +31,6 @@ class Conv2DModule : public Module {
   ModuleSpec spec() const override;
   std::string repr() const override;
   Shape outputShape(const Shape& input) const override;
-  bool runsOnGpu() const override { return false; }
   std::vector<Tensor> savedTensors() const override { return input_.defined() ? std::vector<Tensor>{input_} : std::vector<Tensor>{}; }
 
   // Kaiming-uniform weight and uniform bias in +-1/sqrt(fan_in), fan_in = in/groups * kh * kw, as torch.
@@ -53,6 +53,8 @@ class Conv2DModule : public Module {
  private:
   ConvGeometry geometry(const Shape& input) const;
   dnnl::ConvShape kernelShape(const Shape& input) const;
+  Tensor forwardGpu(const Tensor& input, const Shape& outShape);
+  Tensor backwardGpu(const Tensor& gradOutput);
   // The im2col path of backward (without oneDNN, or for a shape it refuses).
   void weightGradsIm2col(const Tensor& gradOutput);
   Tensor inputGradIm2col(const Tensor& gradOutput, const Tensor& weight);

@@ -70,13 +70,11 @@ void requireMatrix(const Tensor& t, const std::string& who, int64_t features) {
   }
 }
 
-void requireHostInput(const Tensor& t, const std::string& who, int64_t rank, const char* layout) {
+void requireInput(const Tensor& t, const std::string& who, int64_t rank, const char* layout) {
   if (t.dtype() != DType::Float32) throw TypeMismatch(makeString(who, ": expected float32 input, got ", dtypeName(t.dtype())));
   if (t.dim() != rank) {
     throw InvalidArgument(makeString(who, ": expected a ", rank, "-D input ", layout, ", got ", shapeString(t.shape())));
   }
-  CYX_CHECK(!t.isCuda(), who, " has CPU kernels only and its input is on ", t.device().str(),
-            "; keep a model with this layer on the CPU");
 }
 
 std::string describeShape(const Shape& shape) {

@@ -125,9 +125,9 @@ std::vector<ParameterShape> parameterShapes(const ModuleSpec& spec);
 // Requires a 2-D float32 (batch, features) tensor; `who` names the caller in the message.
 void requireMatrix(const Tensor& t, const std::string& who, int64_t features = -1);
 
-// Requires a float32 tensor of `rank` dimensions on the CPU; `who` names the module ("Conv2DModule(1, 8, ...)")
-// and `layout` the dimensions ("(N, C, H, W)").
-void requireHostInput(const Tensor& t, const std::string& who, int64_t rank, const char* layout);
+// Requires a float32 tensor of `rank` dimensions (on any device); `who` names the module
+// ("Conv2DModule(1, 8, ...)") and `layout` the dimensions ("(N, C, H, W)").
+void requireInput(const Tensor& t, const std::string& who, int64_t rank, const char* layout);
 
 // "(4, 3, 8, 8)" with unknown sizes as "N" (the first) or "?".
 std::string describeShape(const Shape& shape);

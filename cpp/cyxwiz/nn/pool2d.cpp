@@ -7,6 +7,7 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/parallel.h"
+#include "cyxwiz/device/cuda.h"
 
 namespace cyxwiz::nn {
 
@@ -21,8 +22,10 @@ void checkPoolBackward(const Module& m, const Shape& inputShape, const Shape& ex
     throw InvalidArgument(makeString(m.typeName(), ".backward: expected a float32 gradient of shape ", shapeString(expected),
                                      " (the shape forward returned), got ", dtypeName(g.dtype()), " ", shapeString(g.shape())));
   }
-  CYX_CHECK(!g.isCuda(), m.typeName(), ".backward: has CPU kernels only; the gradient is on ", g.device().str());
 }
+
+// The gradient on the device of the forward's input (a host gradient of a GPU layer is copied once).
+Tensor onDeviceOf(const Tensor& g, const Tensor& input) { return g.to(input.device()); }
 
 }  // namespace
 
@@ -67,9 +70,24 @@ struct Windows {
 
 }  // namespace
 
+cuda::PoolShape Pool2DModule::cudaShape(const Shape& in) const {
+  const Shape out = outputShape(in);
+  return {in[0], in[1], in[2], in[3], out[2], out[3], pool_[0], pool_[1], stride_[0], stride_[1], padding_[0], padding_[1],
+          max_ ? cuda::PoolKind::Max : cuda::PoolKind::AvgIncludePad};
+}
+
 Tensor Pool2DModule::forward(const Tensor& input) {
-  requireHostInput(input, repr() + ".forward", 4, "(N, C, H, W)");
+  requireInput(input, repr() + ".forward", 4, "(N, C, H, W)");
   const Shape outShape = outputShape(input.shape());
+  if (input.isCuda()) {
+    Tensor output = Tensor::empty(outShape, DType::Float32, input.device());
+    CYX_CUDA(poolForward(input.device().index, cudaShape(input.shape()), input.deviceData<float>(), output.deviceData<float>()));
+    gpuInput_ = keepForBackward(input);
+    gpuOutput_ = output;
+    inputShape_ = input.shape();
+    return output;
+  }
+  gpuInput_ = gpuOutput_ = Tensor();
   const int64_t H = input.size(2), W = input.size(3), OH = outShape[2], OW = outShape[3];
   const int64_t planes = input.size(0) * input.size(1);
   CYX_CHECK(H * W <= std::numeric_limits<int32_t>::max(), repr(), ": an image plane of ", H, " x ", W, " is too large");
@@ -156,11 +174,19 @@ Tensor Pool2DModule::forward(const Tensor& input) {
 Tensor Pool2DModule::backward(const Tensor& gradOutput) {
   checkPoolBackward(*this, inputShape_, inputShape_.empty() ? Shape{} : outputShape(inputShape_), gradOutput);
   if (!needInputGrad_) return Tensor();
+  if (gpuInput_.defined()) {
+    const Tensor g = onDeviceOf(gradOutput, gpuInput_);
+    Tensor gradInput = Tensor::empty(inputShape_, DType::Float32, g.device());
+    CYX_CUDA(poolBackward(g.device().index, cudaShape(inputShape_), gpuInput_.deviceData<float>(),
+                          gpuOutput_.deviceData<float>(), g.deviceData<float>(), gradInput.deviceData<float>()));
+    return gradInput;
+  }
+  const Tensor host = gradOutput.to(Device{});
   const int64_t H = inputShape_[2], W = inputShape_[3], OH = gradOutput.size(2), OW = gradOutput.size(3);
   const int64_t planes = inputShape_[0] * inputShape_[1];
   Tensor gradInput = Tensor::zeros(inputShape_);
   float* dx = gradInput.data<float>();
-  const float* g = gradOutput.data<float>();
+  const float* g = host.data<float>();
   const float divisor = static_cast<float>(pool_[0] * pool_[1]);
   parallelFor(planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(H * W, 1)), [&](int64_t first, int64_t last) {
   for (int64_t p = first; p < last; ++p) {
@@ -206,7 +232,19 @@ Shape GlobalAvgPool2DModule::outputShape(const Shape& input) const {
 }
 
 Tensor GlobalAvgPool2DModule::forward(const Tensor& input) {
-  requireHostInput(input, repr() + ".forward", 4, "(N, C, H, W)");
+  requireInput(input, repr() + ".forward", 4, "(N, C, H, W)");
+  if (input.isCuda()) {
+    // One average-pooling window the size of the image.
+    const int64_t H = input.size(2), W = input.size(3);
+    const cuda::PoolShape shape{input.size(0), input.size(1), H, W, 1, 1, H, W, H, W, 0, 0, cuda::PoolKind::AvgIncludePad};
+    Tensor output = Tensor::empty({input.size(0), input.size(1), 1, 1}, DType::Float32, input.device());
+    CYX_CUDA(poolForward(input.device().index, shape, input.deviceData<float>(), output.deviceData<float>()));
+    gpuInput_ = keepForBackward(input);
+    gpuOutput_ = output;
+    inputShape_ = input.shape();
+    return output.reshape({input.size(0), input.size(1)});
+  }
+  gpuInput_ = gpuOutput_ = Tensor();
   const int64_t planes = input.size(0) * input.size(1), P = input.size(2) * input.size(3);
   Tensor output = Tensor::empty({input.size(0), input.size(1)});
   const float* x = input.data<float>();
@@ -224,8 +262,18 @@ Tensor GlobalAvgPool2DModule::backward(const Tensor& gradOutput) {
   checkPoolBackward(*this, inputShape_, inputShape_.empty() ? Shape{} : outputShape(inputShape_), gradOutput);
   if (!needInputGrad_) return Tensor();
   const int64_t planes = inputShape_[0] * inputShape_[1], P = inputShape_[2] * inputShape_[3];
+  if (gpuInput_.defined()) {
+    const Tensor g = onDeviceOf(gradOutput, gpuInput_);
+    const int64_t H = inputShape_[2], W = inputShape_[3];
+    const cuda::PoolShape shape{inputShape_[0], inputShape_[1], H, W, 1, 1, H, W, H, W, 0, 0, cuda::PoolKind::AvgIncludePad};
+    Tensor gradInput = Tensor::empty(inputShape_, DType::Float32, g.device());
+    CYX_CUDA(poolBackward(g.device().index, shape, gpuInput_.deviceData<float>(), gpuOutput_.deviceData<float>(),
+                          g.deviceData<float>(), gradInput.deviceData<float>()));
+    return gradInput;
+  }
   Tensor gradInput = Tensor::empty(inputShape_);
-  const float* g = gradOutput.data<float>();
+  const Tensor host = gradOutput.to(Device{});
+  const float* g = host.data<float>();
   float* dx = gradInput.data<float>();
   for (int64_t p = 0; p < planes; ++p) {
     const float share = g[p] / static_cast<float>(P);

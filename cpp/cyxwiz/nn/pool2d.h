@@ -1,8 +1,11 @@
 // Pooling over (N, C, H, W): MaxPool2DModule and AvgPool2DModule (torch's MaxPool2d / AvgPool2d with
 // ceil_mode=False; AvgPool2d counts the zero padding, count_include_pad=True as torch's default) and
-// GlobalAvgPool2DModule, (N, C, H, W) -> (N, C). No parameters.
+// GlobalAvgPool2DModule, (N, C, H, W) -> (N, C). No parameters. They run where their input is: a GPU
+// input goes to cuDNN's pooling (cuda/api.h poolForward), which needs the forward's input and output
+// again in backward.
 #pragma once
 
+#include "cyxwiz/cuda/api.h"
 #include "cyxwiz/nn/conv2d.h"
 
 namespace cyxwiz::nn {
@@ -18,7 +21,6 @@ class Pool2DModule : public Module {
   ModuleSpec spec() const override;
   std::string repr() const override;
   Shape outputShape(const Shape& input) const override;
-  bool runsOnGpu() const override { return false; }
 
   Pair poolSize() const { return pool_; }
   Pair stride() const { return stride_; }
@@ -28,13 +30,17 @@ class Pool2DModule : public Module {
   void clearCache() override {
     inputShape_.clear();
     argmax_.clear();
+    gpuInput_ = gpuOutput_ = Tensor();
   }
 
  private:
+  cuda::PoolShape cudaShape(const Shape& input) const;
+
   bool max_;
   Pair pool_, stride_, padding_;
   Shape inputShape_;             // of the last forward; empty before it
   std::vector<int32_t> argmax_;  // max pooling: per output, the index of its maximum in the input plane
+  Tensor gpuInput_, gpuOutput_;  // the forward's on a GPU
 };
 
 class MaxPool2DModule : public Pool2DModule {
@@ -53,13 +59,16 @@ class GlobalAvgPool2DModule : public Module {
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& gradOutput) override;
   Shape outputShape(const Shape& input) const override;
-  bool runsOnGpu() const override { return false; }
 
  protected:
-  void clearCache() override { inputShape_.clear(); }
+  void clearCache() override {
+    inputShape_.clear();
+    gpuInput_ = gpuOutput_ = Tensor();
+  }
 
  private:
   Shape inputShape_;
+  Tensor gpuInput_, gpuOutput_;  // the forward's on a GPU, (N, C, H, W) and (N, C, 1, 1)
 };
 
 // FlattenModule: (N, d1, d2, ...) -> (N, d1*d2*...), a view; torch.nn.Flatten().

@@ -1,6 +1,7 @@
 #include "cyxwiz/nn/residual.h"
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
 #include "cyxwiz/nn/elementwise.h"
 
 namespace cyxwiz::nn {
@@ -18,6 +19,16 @@ template <typename T>
 void appendNamed(std::vector<std::pair<std::string, T*>>& out, const std::string& prefix,
                  const std::vector<std::pair<std::string, T*>>& named) {
   for (const auto& [name, item] : named) out.emplace_back(prefix + name, item);
+}
+
+// a + b on their device (a GPU when either is there: the body's result beside a host input).
+Tensor sum(const Tensor& a, const Tensor& b) {
+  if (!a.isCuda() && !b.isCuda()) return zipElements(a, b, [](float x, float y) { return x + y; });
+  const Device device = a.isCuda() ? a.device() : b.device();
+  const Tensor x = a.to(device), y = b.to(device);
+  Tensor out = Tensor::empty(a.shape(), DType::Float32, device);
+  CYX_CUDA(add(device.index, x.deviceData<float>(), y.deviceData<float>(), out.deviceData<float>(), out.numel()));
+  return out;
 }
 
 }  // namespace
@@ -57,14 +68,13 @@ Shape ResidualModule::outputShape(const Shape& input) const {
 }
 
 Tensor ResidualModule::forward(const Tensor& input) {
-  CYX_CHECK(input.dtype() == DType::Float32 && !input.isCuda(), repr(), ".forward: expected a float32 input on the CPU, got ",
-            dtypeName(input.dtype()), " on ", input.device().str());
+  CYX_CHECK(input.dtype() == DType::Float32, repr(), ".forward: expected a float32 input, got ", dtypeName(input.dtype()));
   const Shape expected = outputShape(input.shape());
   const Tensor main = body_->forward(input);
   const Tensor side = shortcut_ ? shortcut_->forward(input) : input;
   CYX_CHECK(main.shape() == side.shape() && main.shape() == expected, repr(), ": the body gave ", shapeString(main.shape()),
             " and the shortcut ", shapeString(side.shape()));
-  Tensor out = zipElements(main, side, [](float a, float b) { return a + b; });
+  Tensor out = sum(main, side);
   outShape_ = out.shape();
   return out;
 }
@@ -79,7 +89,19 @@ Tensor ResidualModule::backward(const Tensor& gradOutput) {
   const Tensor side = shortcut_ ? shortcut_->backward(gradOutput, needInputGrad_) : gradOutput;
   gradsReady();
   if (!needInputGrad_) return Tensor();
-  return zipElements(main, side, [](float a, float b) { return a + b; });
+  return sum(main, side);
+}
+
+bool ResidualModule::runsOnGpu() const {
+  for (const auto& layer : body_->modules()) {
+    if (!layer->runsOnGpu()) return false;
+  }
+  if (shortcut_) {
+    for (const auto& layer : shortcut_->modules()) {
+      if (!layer->runsOnGpu()) return false;
+    }
+  }
+  return true;
 }
 
 std::vector<Parameter*> ResidualModule::parameters() {

@@ -29,7 +29,7 @@ class ResidualModule : public Module {
   std::vector<std::shared_ptr<Module>> children() const override;
   std::string repr() const override;
   Shape outputShape(const Shape& input) const override;
-  bool runsOnGpu() const override { return false; }
+  bool runsOnGpu() const override;  // when every layer of the body and the shortcut does
   void to(const Device& device) override;
   void setTraining(bool training) override;
 

@@ -66,39 +66,54 @@ void launchMultiply(cudaStream_t s, const float* a, const float* b, float* out, 
   });
 }
 
+void launchAdd(cudaStream_t s, const float* a, const float* b, float* out, int64_t n) {
+  cxemu::enqueue(s, "addKernel", {reads(a, n), reads(b, n), writes(out, n)}, [=] {
+    for (int64_t i = 0; i < n; ++i) addElement(a, b, out, i);
+  });
+}
+
 namespace {
 
 template <Activation F>
-void enqueueActivationForward(cudaStream_t s, const float* x, float* y, int64_t n) {
+void enqueueActivationForward(cudaStream_t s, const float* x, float* y, int64_t n, float param) {
   cxemu::enqueue(s, "activationForwardKernel", {reads(x, n), writes(y, n)}, [=] {
-    for (int64_t i = 0; i < n; ++i) activationForwardElement<F>(x, y, i);
+    for (int64_t i = 0; i < n; ++i) activationForwardElement<F>(x, y, i, param);
   });
 }
 
 template <Activation F>
-void enqueueActivationBackward(cudaStream_t s, const float* x, const float* g, float* dx, int64_t n) {
+void enqueueActivationBackward(cudaStream_t s, const float* x, const float* g, float* dx, int64_t n, float param) {
   cxemu::enqueue(s, "activationBackwardKernel", {reads(x, n), reads(g, n), writes(dx, n)}, [=] {
-    for (int64_t i = 0; i < n; ++i) activationBackwardElement<F>(x, g, dx, i);
+    for (int64_t i = 0; i < n; ++i) activationBackwardElement<F>(x, g, dx, i, param);
   });
 }
 
 }  // namespace
 
-void launchActivationForward(cudaStream_t s, Activation f, const float* x, float* y, int64_t n) {
+void launchActivationForward(cudaStream_t s, Activation f, const float* x, float* y, int64_t n, float param) {
   switch (f) {
-    case Activation::ReLU: enqueueActivationForward<Activation::ReLU>(s, x, y, n); break;
-    case Activation::GELU: enqueueActivationForward<Activation::GELU>(s, x, y, n); break;
-    case Activation::Sigmoid: enqueueActivationForward<Activation::Sigmoid>(s, x, y, n); break;
-    case Activation::Tanh: enqueueActivationForward<Activation::Tanh>(s, x, y, n); break;
+    case Activation::ReLU: enqueueActivationForward<Activation::ReLU>(s, x, y, n, param); break;
+    case Activation::GELU: enqueueActivationForward<Activation::GELU>(s, x, y, n, param); break;
+    case Activation::Sigmoid: enqueueActivationForward<Activation::Sigmoid>(s, x, y, n, param); break;
+    case Activation::Tanh: enqueueActivationForward<Activation::Tanh>(s, x, y, n, param); break;
+    case Activation::LeakyReLU: enqueueActivationForward<Activation::LeakyReLU>(s, x, y, n, param); break;
+    case Activation::ELU: enqueueActivationForward<Activation::ELU>(s, x, y, n, param); break;
+    case Activation::Swish: enqueueActivationForward<Activation::Swish>(s, x, y, n, param); break;
+    case Activation::Mish: enqueueActivationForward<Activation::Mish>(s, x, y, n, param); break;
   }
 }
 
-void launchActivationBackward(cudaStream_t s, Activation f, const float* x, const float* g, float* dx, int64_t n) {
+void launchActivationBackward(cudaStream_t s, Activation f, const float* x, const float* g, float* dx, int64_t n,
+                              float param) {
   switch (f) {
-    case Activation::ReLU: enqueueActivationBackward<Activation::ReLU>(s, x, g, dx, n); break;
-    case Activation::GELU: enqueueActivationBackward<Activation::GELU>(s, x, g, dx, n); break;
-    case Activation::Sigmoid: enqueueActivationBackward<Activation::Sigmoid>(s, x, g, dx, n); break;
-    case Activation::Tanh: enqueueActivationBackward<Activation::Tanh>(s, x, g, dx, n); break;
+    case Activation::ReLU: enqueueActivationBackward<Activation::ReLU>(s, x, g, dx, n, param); break;
+    case Activation::GELU: enqueueActivationBackward<Activation::GELU>(s, x, g, dx, n, param); break;
+    case Activation::Sigmoid: enqueueActivationBackward<Activation::Sigmoid>(s, x, g, dx, n, param); break;
+    case Activation::Tanh: enqueueActivationBackward<Activation::Tanh>(s, x, g, dx, n, param); break;
+    case Activation::LeakyReLU: enqueueActivationBackward<Activation::LeakyReLU>(s, x, g, dx, n, param); break;
+    case Activation::ELU: enqueueActivationBackward<Activation::ELU>(s, x, g, dx, n, param); break;
+    case Activation::Swish: enqueueActivationBackward<Activation::Swish>(s, x, g, dx, n, param); break;
+    case Activation::Mish: enqueueActivationBackward<Activation::Mish>(s, x, g, dx, n, param); break;
   }
 }
 
