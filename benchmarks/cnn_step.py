@@ -80,11 +80,12 @@ def cx_resnet():
     return m
 
 
-def torch_resnet():
+def torch_block(cin, cout, stride):
+    """cx_block in torch: the same submodule names (body, shortcut), so named_parameters() line up."""
     nn = torch.nn
 
     class Block(nn.Module):
-        def __init__(self, cin, cout, stride):
+        def __init__(self):
             super().__init__()
             self.body = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
                                       nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
@@ -94,8 +95,13 @@ def torch_resnet():
         def forward(self, x):
             return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
 
-    return nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), Block(16, 16, 1),
-                         nn.ReLU(), Block(16, 32, 2), nn.ReLU(), Block(32, 64, 2), nn.ReLU(),
+    return Block()
+
+
+def torch_resnet():
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), torch_block(16, 16, 1),
+                         nn.ReLU(), torch_block(16, 32, 2), nn.ReLU(), torch_block(32, 64, 2), nn.ReLU(),
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, CLASSES))
 
 

@@ -14,6 +14,8 @@ through __cuda_array_interface__); without CUDA in torch (the emulator) numpy ba
 Timing: rounds interleaved (ours, ours graphed, torch, ...), each the median of `steps` steps
 synchronised one by one after a warm-up; reported: the median of the round medians and ratio =
 ours / torch (<= 1: we are faster). Targets (issue 33): eager <= 1.0, graphed <= 0.8.
+Our convolution algorithms: cuDNN's heuristic, or with CYXWIZ_CUDNN_BENCHMARK=1 its timed search at a
+shape's first use (read once per process: run twice to compare).
 """
 
 import argparse
@@ -26,27 +28,9 @@ import time
 import numpy as np
 
 import pycyxwiz as cx
+from cnn_step import cx_block, torch, torch_block  # the same basic block as the CPU benchmark (torch may be None)
 
-try:
-    import torch
-except ImportError:
-    torch = None
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 CLASSES, LR, MOMENTUM = 10, 0.05, 0.9
-
-
-def cx_block(cin, cout, stride):
-    body = cx.SequentialModel()
-    for m in (cx.Conv2DModule(cin, cout, 3, stride, 1, use_bias=False), cx.BatchNorm2DModule(cout), cx.ReLUModule(),
-              cx.Conv2DModule(cout, cout, 3, 1, 1, use_bias=False), cx.BatchNorm2DModule(cout)):
-        body.add(m)
-    shortcut = None
-    if stride != 1 or cin != cout:
-        shortcut = cx.SequentialModel()
-        shortcut.add(cx.Conv2DModule(cin, cout, 1, stride, use_bias=False))
-        shortcut.add(cx.BatchNorm2DModule(cout))
-    return cx.ResidualModule(body, shortcut)
 
 
 def stages(width):
@@ -70,22 +54,10 @@ def cx_resnet18(width):
 
 def torch_resnet18(width):
     nn = torch.nn
-
-    class Block(nn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.body = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
-                                      nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
-            self.shortcut = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                             if stride != 1 or cin != cout else None)
-
-        def forward(self, x):
-            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
-
     layers, cin = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()], width
     for cout, stride in stages(width):
         for s in (stride, 1):
-            layers += [Block(cin, cout, s), nn.ReLU()]
+            layers += [torch_block(cin, cout, s), nn.ReLU()]
             cin = cout
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, CLASSES)]
     return nn.Sequential(*layers)
@@ -190,7 +162,8 @@ def main():
     graphed = steps["ours, CUDA graph"].train_step
     lines = [f"ResNet-18 (width {args.width}) training step, batch {args.batch}, 3x{args.image}x{args.image}, "
              f"{datetime.date.today()}; {args.rounds} rounds x {args.steps} steps; the CUDA-graph step "
-             f"{'replayed' if graphed.graphed else 'NOT graphed'} ({graphed.replays} replays)", "",
+             f"{'replayed' if graphed.graphed else 'NOT graphed'} ({graphed.replays} replays); our algorithms: "
+             f"{'cuDNN search' if os.environ.get('CYXWIZ_CUDNN_BENCHMARK') == '1' else 'cuDNN heuristic'}", "",
              "| variant | step ms (median) | min..max of rounds | / torch |", "|---|---:|---:|---:|"]
     base = statistics.median(medians["torch"]) if use_torch else None
     for name, ms in medians.items():

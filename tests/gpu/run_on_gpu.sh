@@ -252,6 +252,8 @@ step "benchmarks/gpu_step.py --quick" gpu_step_quick.log --needs-build --limited
 # cudnn.benchmark (<= 1.0x and <= 0.8x).
 step "benchmarks/gpu_cnn_step.py" gpu_cnn_step.log --needs-build --limited-ok --est "$EST_GPU_CNN_STEP" --timeout 600 -- \
   "$PY" benchmarks/gpu_cnn_step.py --rounds 3 --out "$DIR/gpu_cnn_step.md"
+step "benchmarks/gpu_cnn_step.py, CYXWIZ_CUDNN_BENCHMARK=1" gpu_cnn_step_search.log --needs-build --limited-ok --est "$EST_GPU_CNN_STEP" --timeout 600 -- \
+  env CYXWIZ_CUDNN_BENCHMARK=1 "$PY" benchmarks/gpu_cnn_step.py --rounds 3 --out "$DIR/gpu_cnn_step_search.md"
 if [ "${GPU_STEP_FULL:-1}" != 0 ]; then
   step "benchmarks/gpu_step.py (full)" gpu_step_full.log --needs-build --limited-ok --est "$EST_GPU_STEP_FULL" --timeout 1800 -- \
     "$PY" benchmarks/gpu_step.py --tag full --out-dir "$DIR"
@@ -425,6 +427,7 @@ USED=$(elapsed)
     echo "## benchmarks/gpu_cnn_step.py (target of issue 33: eager <= 1.0x torch with cudnn.benchmark, graphed <= 0.8x)"
     echo
     cat "$DIR/gpu_cnn_step.md"
+    [ -f "$DIR/gpu_cnn_step_search.md" ] && { echo; cat "$DIR/gpu_cnn_step_search.md"; }
   fi
   if [ "${CPU_BENCH:-1}" != 0 ]; then
     echo

@@ -16,7 +16,8 @@ import sys
 
 import numpy as np
 import pytest
-from gpu_support import DDP_PRELUDE, assert_same_digest, ddp_reports, requires_gpu, requires_two_gpus
+from gpu_support import assert_same_digest, ddp_reports, requires_gpu, requires_two_gpus
+from test_conv_ddp import CNN as CONV_DDP_PRELUDE
 from harness import rank_env
 
 import pycyxwiz as cx
@@ -223,31 +224,11 @@ def test_graphed_cnn_step_matches_the_eager_step(ranks, tmp_path):
         np.testing.assert_allclose(np.array(g), np.array(e), rtol=1e-5, atol=1e-6, err_msg=f"state {i}")
 
 
-SYNC_BN = DDP_PRELUDE + r'''
+# test_conv_ddp's CNN, batches and state (the CPU backend's SyncBatchNorm test), over NCCL here.
+SYNC_BN = CONV_DDP_PRELUDE + r'''
 STEPS, N = 3, 32
 B = N // WS
 sync = os.environ["TEST_SYNC"] == "1"
-
-
-def cnn(seed=0):
-    cx.manual_seed(seed)
-    m = cx.SequentialModel()
-    for layer in (cx.Conv2DModule(2, 6, 3, padding=1), cx.BatchNorm2DModule(6), cx.ReLUModule(), cx.MaxPool2DModule(2),
-                  cx.GlobalAvgPool2DModule(), cx.BatchNorm1DModule(6), cx.LinearModule(6, 5)):
-        m.add(layer)
-    return m
-
-
-def images(step, n):
-    rng = np.random.default_rng([99, step])
-    X = (rng.standard_normal((n, 2, 8, 8)) * 2 + 0.5).astype(np.float32)
-    return X, rng.integers(0, 5, n).astype(np.int64)
-
-
-def state(model):
-    return [np.array(p, copy=True) for p in model.parameters()] + [np.asarray(b, np.float64).copy() for b in model.buffers()]
-
-
 D.init()
 model = cnn()
 if sync:

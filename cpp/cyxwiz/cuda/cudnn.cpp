@@ -8,11 +8,32 @@
 // the CPU engine's. With TF32 on, CUDNN_DEFAULT_MATH. (CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION would
 // down-convert float32 to float16, which is not TF32.)
 //
-// Algorithms: cuDNN's v7 heuristic for the shape, its first usable answer (status SUCCESS, the
-// allowed math type, a workspace within kMaxWorkspaceBytes), deterministic algorithms before the
-// others so that repeated steps give the same bits. The choice and the shape's descriptors are
-// cached per (device, shape, TF32). The workspace is stream-ordered memory of the call (malloc/free
-// on the compute stream), so a call may be captured into a graph.
+// Algorithms, chosen at the first use of a (device, shape, TF32) and cached with the shape's descriptors:
+//  - by default, cuDNN's v7 heuristic (cudnnGetConvolution*Algorithm_v7): its first usable answer;
+//  - with CYXWIZ_CUDNN_BENCHMARK=1 in the environment (read once, at the first convolution), a search
+//    as torch.backends.cudnn.benchmark does: cudnnFindConvolution*Algorithm times every algorithm and
+//    the fastest usable one is kept. The non-Ex functions: cuDNN allocates and times with buffers of its
+//    own, so our tensors (the dw being accumulated among them) are never written by a trial run. Off by
+//    default because it is unmeasured: no GPU run has yet shown that it beats the heuristic on our
+//    shapes, and it costs a search (a synchronisation, cudaMalloc'd buffers, every algorithm run) at each
+//    first use. The variable is read once per process: an A/B is two runs (e.g. of
+//    benchmarks/gpu_cnn_step.py), with CYXWIZ_CUDNN_BENCHMARK=0 and =1.
+// "Usable" is the same for both: status SUCCESS, the allowed math type (CUDNN_FMA_MATH unless TF32 is
+// on), a workspace within kMaxWorkspaceBytes; and deterministic algorithms before the others, so that
+// repeated steps give the same bits (torch's benchmark mode does not prefer them: where the fastest
+// algorithm is a non-deterministic one, ours may be slower than torch's).
+// A search needs the compute stream outside a capture (its cudaMalloc and synchronisation would
+// invalidate the capture): a first use inside a capture takes the heuristic's choice, and so does a
+// search that fails or offers nothing usable. Those choices are cached too, and Choice::by records
+// which way each was made (the library does not log). A shape first met inside a capture so keeps
+// the heuristic's algorithm for the process: its graph holds that kernel anyway, and eager steps of
+// the shape then run the same kernel as the graph's replays (the same bits), instead of switching.
+// (The engine's graphed step runs eager warm-up steps first, so its shapes are searched there.) Only
+// this device's compute stream is checked: a thread capturing another device's stream while it first
+// uses a shape on this one would have that capture invalidated by the search (the engine captures one
+// device per process).
+// The workspace is stream-ordered memory of the call (malloc/free on the compute stream), so a call
+// may be captured into a graph.
 #include <string>
 
 #include "cyxwiz/cuda/api_impl.h"
@@ -20,8 +41,11 @@
 #ifdef CYXWIZ_HAVE_CUDNN
 #include <cudnn.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -192,13 +216,23 @@ Status dnnHandle(int dev, DeviceState* s, const std::string& shape, cudnnHandle_
   return {};
 }
 
-// One algorithm of the heuristic, with the math type it was offered with: set on the convolution
-// descriptor before the call, since cuDNN picks the kernel from both.
+// How a Choice was made: kept with it for a debugger or a future report (the library does not log).
+enum class ChosenBy {
+  Nothing,               // not chosen yet
+  Heuristic,             // the v7 heuristic (CYXWIZ_CUDNN_BENCHMARK off)
+  Search,                // cudnnFindConvolution*Algorithm: the fastest usable algorithm
+  HeuristicInCapture,    // search on, but the shape's first use was inside a capture of the compute stream
+  HeuristicAfterSearch,  // search on, but it failed or offered nothing usable
+};
+
+// One algorithm, with the math type it was offered with: set on the convolution descriptor before
+// the call, since cuDNN picks the kernel from both.
 struct Choice {
-  bool chosen = false;
+  ChosenBy by = ChosenBy::Nothing;
   int algo = 0;
   cudnnMathType_t math = CUDNN_FMA_MATH;
   size_t workspace = 0;
+  bool chosen() const { return by != ChosenBy::Nothing; }
 };
 
 // A shape's descriptors and its three algorithms (each chosen on the first call that needs it). Only
@@ -306,43 +340,6 @@ Status convPlan(const char* method, int dev, const ConvShape& s, std::shared_ptr
   return {};
 }
 
-// The heuristic's first usable algorithm. `query(count, &returned, perfs)` is the v7 heuristic,
-// `workspace(algo, &bytes)` the workspace query (the math type already set on the descriptor).
-template <class Perf, class Query, class WorkspaceQuery>
-Status choose(const char* method, int dev, const ConvShape& s, cudnnConvolutionDescriptor_t conv, int maxCount,
-              const char* heuristic, Query query, const char* workspaceCall, WorkspaceQuery workspace, Choice* out) {
-  const std::string text = convText(s);
-  const bool tf32 = tf32Enabled();
-  std::vector<Perf> perfs(static_cast<size_t>(maxCount > 0 ? maxCount : 1));
-  int count = 0;
-  CX_CUDNN_TRY(dev, heuristic, text, query(int(perfs.size()), &count, perfs.data()));
-  for (const bool deterministic : {true, false}) {
-    for (int i = 0; i < count; ++i) {
-      const Perf& p = perfs[i];
-      if (p.status != CUDNN_STATUS_SUCCESS || (p.determinism == CUDNN_DETERMINISTIC) != deterministic) continue;
-      // TF32 off: only FMA kernels (the heuristic may offer others whatever the descriptor says).
-      if (!tf32 && p.mathType != CUDNN_FMA_MATH) continue;
-      CX_CUDNN_TRY(dev, "cudnnSetConvolutionMathType", text, cudnnSetConvolutionMathType(conv, p.mathType));
-      size_t bytes = 0;
-      if (workspace(p.algo, &bytes) != CUDNN_STATUS_SUCCESS) {
-        char skipped[256];  // drop its message: it must not be taken for a later failure's
-        cudnnGetLastErrorString(skipped, sizeof skipped);
-        continue;
-      }
-      if (bytes > kMaxWorkspaceBytes) continue;
-      out->chosen = true;
-      out->algo = int(p.algo);
-      out->math = p.mathType;
-      out->workspace = bytes;
-      return {};
-    }
-  }
-  return invalid(method, dev,
-                 std::string("cuDNN's heuristic (") + heuristic + ", then " + workspaceCall + ") offers no algorithm" +
-                     (tf32 ? "" : " in float32 math (TF32 off)") + " with a workspace of at most 256 MiB",
-                 text);
-}
-
 // Stream-ordered workspace of one call: allocated on the compute stream before the cuDNN call and
 // freed after it on the same stream (inside a capture both become graph nodes).
 class Workspace {
@@ -383,6 +380,167 @@ Status beginConv(const char* method, int dev, const ConvShape& s, ConvCall* c) {
   return convPlan(method, dev, s, &c->plan);
 }
 
+// CYXWIZ_CUDNN_BENCHMARK=1: search at first uses (header comment). Read once, at the first convolution.
+bool searchEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("CYXWIZ_CUDNN_BENCHMARK");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+// Whether the device's compute stream is being captured. A failed query counts as a capture; its
+// error is cleared (left as the thread's last error, the next kernel launch would report it).
+bool computeCapturing(DeviceState* s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s->compute, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+// Drops cuDNN's message of a failure handled here: it must not be taken for a later failure's.
+void dropCudnnMessage() {
+  char skipped[256];
+  cudnnGetLastErrorString(skipped, sizeof skipped);
+}
+
+// What differs between the three passes: cuDNN's functions for each (their own argument orders and
+// types) and the plan's Choice. choose<Pass> is the rest.
+struct ForwardPass {
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  using Algo = cudnnConvolutionFwdAlgo_t;
+  static constexpr Choice ConvPlan::*kChoice = &ConvPlan::forward;
+  static constexpr const char* kMaxCount = "cudnnGetConvolutionForwardAlgorithmMaxCount";
+  static constexpr const char* kHeuristic = "cudnnGetConvolutionForwardAlgorithm_v7";
+  static constexpr const char* kWorkspace = "cudnnGetConvolutionForwardWorkspaceSize";
+  static cudnnStatus_t maxCount(cudnnHandle_t h, int* n) { return cudnnGetConvolutionForwardAlgorithmMaxCount(h, n); }
+  static cudnnStatus_t heuristic(cudnnHandle_t h, const ConvPlan& p, int n, int* got, Perf* perfs) {
+    return cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, n, got, perfs);
+  }
+  static cudnnStatus_t search(cudnnHandle_t h, const ConvPlan& p, int n, int* got, Perf* perfs) {
+    return cudnnFindConvolutionForwardAlgorithm(h, p.x, p.w, p.conv, p.y, n, got, perfs);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, Algo algo, size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, algo, bytes);
+  }
+};
+
+struct BackwardDataPass {
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  using Algo = cudnnConvolutionBwdDataAlgo_t;
+  static constexpr Choice ConvPlan::*kChoice = &ConvPlan::backwardData;
+  static constexpr const char* kMaxCount = "cudnnGetConvolutionBackwardDataAlgorithmMaxCount";
+  static constexpr const char* kHeuristic = "cudnnGetConvolutionBackwardDataAlgorithm_v7";
+  static constexpr const char* kWorkspace = "cudnnGetConvolutionBackwardDataWorkspaceSize";
+  static cudnnStatus_t maxCount(cudnnHandle_t h, int* n) {
+    return cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, n);
+  }
+  static cudnnStatus_t heuristic(cudnnHandle_t h, const ConvPlan& p, int n, int* got, Perf* perfs) {
+    return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, n, got, perfs);
+  }
+  static cudnnStatus_t search(cudnnHandle_t h, const ConvPlan& p, int n, int* got, Perf* perfs) {
+    return cudnnFindConvolutionBackwardDataAlgorithm(h, p.w, p.y, p.conv, p.x, n, got, perfs);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, Algo algo, size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, algo, bytes);
+  }
+};
+
+struct BackwardFilterPass {
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  using Algo = cudnnConvolutionBwdFilterAlgo_t;
+  static constexpr Choice ConvPlan::*kChoice = &ConvPlan::backwardFilter;
+  static constexpr const char* kMaxCount = "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount";
+  static constexpr const char* kHeuristic = "cudnnGetConvolutionBackwardFilterAlgorithm_v7";
+  static constexpr const char* kWorkspace = "cudnnGetConvolutionBackwardFilterWorkspaceSize";
+  static cudnnStatus_t maxCount(cudnnHandle_t h, int* n) {
+    return cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, n);
+  }
+  static cudnnStatus_t heuristic(cudnnHandle_t h, const ConvPlan& p, int n, int* got, Perf* perfs) {
+    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, n, got, perfs);
+  }
+  static cudnnStatus_t search(cudnnHandle_t h, const ConvPlan& p, int n, int* got, Perf* perfs) {
+    return cudnnFindConvolutionBackwardFilterAlgorithm(h, p.x, p.y, p.conv, p.w, n, got, perfs);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, Algo algo, size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, algo, bytes);
+  }
+};
+
+// The first usable entry of perfs[0, count) into *out, made `by`: status SUCCESS, the allowed math
+// type, a workspace (queried with that math type on the descriptor) within kMaxWorkspaceBytes;
+// deterministic entries first, each kind in the order given (the heuristic's preference, or the
+// search's times, which cuDNN sorts fastest first). *out stays unchosen when none is usable.
+template <class Pass>
+Status takeFirstUsable(int dev, const ConvCall& c, const std::vector<typename Pass::Perf>& perfs, int count,
+                       ChosenBy by, Choice* out) {
+  const bool tf32 = tf32Enabled();
+  const ConvPlan& p = *c.plan;
+  count = std::min(count, int(perfs.size()));
+  for (const bool deterministic : {true, false}) {
+    for (int i = 0; i < count; ++i) {
+      const typename Pass::Perf& e = perfs[size_t(i)];
+      if (e.status != CUDNN_STATUS_SUCCESS || (e.determinism == CUDNN_DETERMINISTIC) != deterministic) continue;
+      // TF32 off: only FMA kernels (cuDNN may offer others whatever the descriptor says).
+      if (!tf32 && e.mathType != CUDNN_FMA_MATH) continue;
+      CX_CUDNN_TRY(dev, "cudnnSetConvolutionMathType", c.text, cudnnSetConvolutionMathType(p.conv, e.mathType));
+      size_t bytes = 0;
+      if (Pass::workspace(c.handle, p, e.algo, &bytes) != CUDNN_STATUS_SUCCESS) {
+        dropCudnnMessage();
+        continue;
+      }
+      if (bytes > kMaxWorkspaceBytes) continue;
+      *out = Choice{by, int(e.algo), e.mathType, bytes};
+      return {};
+    }
+  }
+  return {};
+}
+
+// Chooses the pass's algorithm for the plan's shape (a cache miss): the search's when it is on and
+// may run, else the heuristic's (header comment). Fails only when the heuristic offers nothing usable,
+// or on a cuDNN error outside the search: a failed search falls back, it never fails the call.
+template <class Pass>
+Status choose(const char* method, int dev, const ConvCall& c) {
+  const ConvPlan& p = *c.plan;
+  Choice* out = &(c.plan.get()->*Pass::kChoice);
+  // The math type the plan allows: a previous call may have left another (its choice's) on the
+  // descriptor, and both cuDNN queries answer for the descriptor's math type.
+  const cudnnMathType_t allowed = tf32Enabled() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  int maxCount = 0;
+  CX_CUDNN_TRY(dev, Pass::kMaxCount, c.text, Pass::maxCount(c.handle, &maxCount));
+  std::vector<typename Pass::Perf> perfs(static_cast<size_t>(maxCount > 0 ? maxCount : 1));
+  int count = 0;
+  ChosenBy fallback = ChosenBy::Heuristic;
+  if (searchEnabled()) {
+    fallback = ChosenBy::HeuristicInCapture;
+    if (!computeCapturing(c.state)) {
+      fallback = ChosenBy::HeuristicAfterSearch;
+      CX_CUDNN_TRY(dev, "cudnnSetConvolutionMathType", c.text, cudnnSetConvolutionMathType(p.conv, allowed));
+      if (Pass::search(c.handle, p, int(perfs.size()), &count, perfs.data()) == CUDNN_STATUS_SUCCESS) {
+        CX_TRY(takeFirstUsable<Pass>(dev, c, perfs, count, ChosenBy::Search, out));
+        if (out->chosen()) return {};
+      } else {
+        dropCudnnMessage();
+        cudaGetLastError();  // a runtime error of cuDNN's own allocations or runs (sticky ones stay)
+      }
+    }
+  }
+  CX_CUDNN_TRY(dev, "cudnnSetConvolutionMathType", c.text, cudnnSetConvolutionMathType(p.conv, allowed));
+  count = 0;
+  CX_CUDNN_TRY(dev, Pass::kHeuristic, c.text,
+               Pass::heuristic(c.handle, p, int(perfs.size()), &count, perfs.data()));
+  CX_TRY(takeFirstUsable<Pass>(dev, c, perfs, count, fallback, out));
+  if (out->chosen()) return {};
+  return invalid(method, dev,
+                 std::string("cuDNN's heuristic (") + Pass::kHeuristic + ", then " + Pass::kWorkspace +
+                     ") offers no algorithm" + (tf32Enabled() ? "" : " in float32 math (TF32 off)") +
+                     " with a workspace of at most 256 MiB",
+                 c.text);
+}
+
 }  // namespace
 
 int ApiImpl::cudnnVersion() const noexcept { return static_cast<int>(cudnnGetVersion()); }
@@ -392,21 +550,7 @@ Status ApiImpl::convForward(int dev, const ConvShape& s, const float* x, const f
   ConvCall c;
   CX_TRY(beginConv("convForward", dev, s, &c));
   ConvPlan& p = *c.plan;
-  if (!p.forward.chosen) {
-    int maxCount = 0;
-    CX_CUDNN_TRY(dev, "cudnnGetConvolutionForwardAlgorithmMaxCount", c.text,
-                 cudnnGetConvolutionForwardAlgorithmMaxCount(c.handle, &maxCount));
-    CX_TRY(choose<cudnnConvolutionFwdAlgoPerf_t>(
-        "convForward", dev, s, p.conv, maxCount, "cudnnGetConvolutionForwardAlgorithm_v7",
-        [&](int n, int* returned, cudnnConvolutionFwdAlgoPerf_t* perfs) {
-          return cudnnGetConvolutionForwardAlgorithm_v7(c.handle, p.x, p.w, p.conv, p.y, n, returned, perfs);
-        },
-        "cudnnGetConvolutionForwardWorkspaceSize",
-        [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
-          return cudnnGetConvolutionForwardWorkspaceSize(c.handle, p.x, p.w, p.conv, p.y, algo, bytes);
-        },
-        &p.forward));
-  }
+  if (!p.forward.chosen()) CX_TRY(choose<ForwardPass>("convForward", dev, c));
   Workspace ws(this, dev);
   CX_TRY(ws.allocate(p.forward.workspace));
   const float one = 1.0f, zero = 0.0f;
@@ -424,21 +568,7 @@ Status ApiImpl::convBackwardData(int dev, const ConvShape& s, const float* dy, c
   ConvCall c;
   CX_TRY(beginConv("convBackwardData", dev, s, &c));
   ConvPlan& p = *c.plan;
-  if (!p.backwardData.chosen) {
-    int maxCount = 0;
-    CX_CUDNN_TRY(dev, "cudnnGetConvolutionBackwardDataAlgorithmMaxCount", c.text,
-                 cudnnGetConvolutionBackwardDataAlgorithmMaxCount(c.handle, &maxCount));
-    CX_TRY(choose<cudnnConvolutionBwdDataAlgoPerf_t>(
-        "convBackwardData", dev, s, p.conv, maxCount, "cudnnGetConvolutionBackwardDataAlgorithm_v7",
-        [&](int n, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perfs) {
-          return cudnnGetConvolutionBackwardDataAlgorithm_v7(c.handle, p.w, p.y, p.conv, p.x, n, returned, perfs);
-        },
-        "cudnnGetConvolutionBackwardDataWorkspaceSize",
-        [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
-          return cudnnGetConvolutionBackwardDataWorkspaceSize(c.handle, p.w, p.y, p.conv, p.x, algo, bytes);
-        },
-        &p.backwardData));
-  }
+  if (!p.backwardData.chosen()) CX_TRY(choose<BackwardDataPass>("convBackwardData", dev, c));
   Workspace ws(this, dev);
   CX_TRY(ws.allocate(p.backwardData.workspace));
   const float one = 1.0f, zero = 0.0f;  // dx is overwritten
@@ -455,21 +585,7 @@ Status ApiImpl::convBackwardFilter(int dev, const ConvShape& s, const float* x, 
   ConvCall c;
   CX_TRY(beginConv("convBackwardFilter", dev, s, &c));
   ConvPlan& p = *c.plan;
-  if (!p.backwardFilter.chosen) {
-    int maxCount = 0;
-    CX_CUDNN_TRY(dev, "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount", c.text,
-                 cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(c.handle, &maxCount));
-    CX_TRY(choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
-        "convBackwardFilter", dev, s, p.conv, maxCount, "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
-        [&](int n, int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perfs) {
-          return cudnnGetConvolutionBackwardFilterAlgorithm_v7(c.handle, p.x, p.y, p.conv, p.w, n, returned, perfs);
-        },
-        "cudnnGetConvolutionBackwardFilterWorkspaceSize",
-        [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
-          return cudnnGetConvolutionBackwardFilterWorkspaceSize(c.handle, p.x, p.y, p.conv, p.w, algo, bytes);
-        },
-        &p.backwardFilter));
-  }
+  if (!p.backwardFilter.chosen()) CX_TRY(choose<BackwardFilterPass>("convBackwardFilter", dev, c));
   Workspace ws(this, dev);
   CX_TRY(ws.allocate(p.backwardFilter.workspace));
   const float one = 1.0f;  // beta = 1: the gradients accumulate (api.h)

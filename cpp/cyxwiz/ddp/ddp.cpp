@@ -179,9 +179,12 @@ void DistributedDataParallel::broadcastBuffers() {
   // Float32 statistics and int64 counters travel together as float64, exact for both (counts < 2^53).
   const std::vector<nn::Buffer*> buffers = model_->buffers();
   if (buffers.empty() || worldSize() == 1) return;
-  if (model_->device().type == DeviceType::CUDA) {
-    // On the device, one broadcast a buffer: no host round trip (and capturable in a graphed step).
-    for (nn::Buffer* b : buffers) backend_->broadcast(b->value, 0, false)->wait();
+  if (model_->device().type == DeviceType::CUDA && backend_->device()) {
+    // NCCL: on the device, one broadcast a buffer, all queued before the first wait: no host round trip
+    // (and capturable in a graphed step).
+    std::vector<std::shared_ptr<comm::Work>> works;
+    for (nn::Buffer* b : buffers) works.push_back(backend_->broadcast(b->value, 0, true));
+    for (const auto& w : works) w->wait();
     return;
   }
   int64_t total = 0;

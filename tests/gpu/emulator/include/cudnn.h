@@ -30,7 +30,9 @@ typedef enum {
   CUDNN_STATUS_NOT_SUPPORTED = 3000,
   CUDNN_STATUS_INTERNAL_ERROR = 4000,
   CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED = 4003,
-  CUDNN_STATUS_EXECUTION_FAILED = 5000
+  CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED = 4004,
+  CUDNN_STATUS_EXECUTION_FAILED = 5000,
+  CUDNN_STATUS_EXECUTION_FAILED_CUDART = 5003
 } cudnnStatus_t;
 
 typedef struct cudnnContext* cudnnHandle_t;
@@ -189,6 +191,11 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle, const
                                                      const cudnnTensorDescriptor_t destDesc,
                                                      const int requestedAlgoCount, int* returnedAlgoCount,
                                                      cudnnConvolutionFwdAlgoPerf_t* perfResults);
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+                                                   const cudnnFilterDescriptor_t wDesc,
+                                                   const cudnnConvolutionDescriptor_t convDesc,
+                                                   const cudnnTensorDescriptor_t yDesc, const int requestedAlgoCount,
+                                                   int* returnedAlgoCount, cudnnConvolutionFwdAlgoPerf_t* perfResults);
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
                                                       const cudnnFilterDescriptor_t wDesc,
                                                       const cudnnConvolutionDescriptor_t convDesc,
@@ -207,6 +214,12 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle,
                                                           const cudnnTensorDescriptor_t gradDesc,
                                                           const int requestedAlgoCount, int* returnedAlgoCount,
                                                           cudnnConvolutionBwdDataAlgoPerf_t* perfResults);
+cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc,
+                                                        const cudnnTensorDescriptor_t dyDesc,
+                                                        const cudnnConvolutionDescriptor_t convDesc,
+                                                        const cudnnTensorDescriptor_t dxDesc,
+                                                        const int requestedAlgoCount, int* returnedAlgoCount,
+                                                        cudnnConvolutionBwdDataAlgoPerf_t* perfResults);
 cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc,
                                                            const cudnnTensorDescriptor_t dyDesc,
                                                            const cudnnConvolutionDescriptor_t convDesc,
@@ -226,6 +239,12 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle
                                                             const cudnnFilterDescriptor_t gradDesc,
                                                             const int requestedAlgoCount, int* returnedAlgoCount,
                                                             cudnnConvolutionBwdFilterAlgoPerf_t* perfResults);
+cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+                                                          const cudnnTensorDescriptor_t dyDesc,
+                                                          const cudnnConvolutionDescriptor_t convDesc,
+                                                          const cudnnFilterDescriptor_t dwDesc,
+                                                          const int requestedAlgoCount, int* returnedAlgoCount,
+                                                          cudnnConvolutionBwdFilterAlgoPerf_t* perfResults);
 cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handle,
                                                              const cudnnTensorDescriptor_t xDesc,
                                                              const cudnnTensorDescriptor_t dyDesc,

@@ -8,7 +8,13 @@
 // Handles are bound to the device current at cudnnCreate and run on their stream (cudnnSetStream);
 // each call is queued there like a kernel, declaring exactly the ranges it reads and writes, the
 // workspace included (so a workspace freed too early is caught). The v7 heuristics offer one
-// deterministic algorithm needing kWorkspaceBytes, and the calls refuse a smaller workspace. A math
+// deterministic algorithm needing kWorkspaceBytes, and the calls refuse a smaller workspace. The
+// searches (cudnnFindConvolution*Algorithm) do what the real ones do around their trial runs: cudaMalloc
+// buffers of their own, run on the handle's stream, wait for it, cudaFree (so on a capturing stream
+// they fail, and the capture is invalidated, as a real search would make it); they then report fake
+// times, fastest first, in which the fastest deterministic algorithm is not the heuristic's (and, for
+// the backward passes, a faster non-deterministic one comes first), so a test can tell which way an
+// algorithm was chosen. Every algorithm computes the same naive loops. A math
 // type other than CUDNN_FMA_MATH rounds the inputs to TF32 (10-bit mantissa), as tensor cores do on
 // the emulated capability 9.0 devices. Bad arguments: CUDNN_STATUS_BAD_PARAM with an "emulator:"
 // line (also cudnnGetLastErrorString's message); what is not emulated (other layouts and data types,
@@ -16,6 +22,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -59,6 +66,11 @@ namespace {
 
 // What every emulated algorithm asks for: nonzero, so that the caller's workspace path runs.
 constexpr size_t kWorkspaceBytes = 1024;
+
+// For the test hooks: the algorithm the last convolution call of each pass received (0 forward, 1
+// backward data, 2 backward filter; -1 none yet), and the searches made (refused ones included).
+std::atomic<int> gLastAlgo[3] = {{-1}, {-1}, {-1}};
+std::atomic<int> gSearches{0};
 
 thread_local std::string tLastError;  // cudnnGetLastErrorString's
 
@@ -405,7 +417,10 @@ const char* cudnnGetErrorString(cudnnStatus_t status) {
     case CUDNN_STATUS_NOT_SUPPORTED: return "CUDNN_STATUS_NOT_SUPPORTED";
     case CUDNN_STATUS_INTERNAL_ERROR: return "CUDNN_STATUS_INTERNAL_ERROR";
     case CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED: return "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED";
+    case CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED:
+      return "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED";
     case CUDNN_STATUS_EXECUTION_FAILED: return "CUDNN_STATUS_EXECUTION_FAILED";
+    case CUDNN_STATUS_EXECUTION_FAILED_CUDART: return "CUDNN_STATUS_EXECUTION_FAILED_CUDART";
   }
   return "CUDNN_UNKNOWN_STATUS_FOUND";
 }
@@ -623,6 +638,63 @@ cudnnStatus_t workspaceOf(const char* call, cudnnHandle_t handle, const cudnnTen
   return CUDNN_STATUS_SUCCESS;
 }
 
+template <class Algo>
+struct Trial {
+  Algo algo;
+  float ms;
+  cudnnDeterminism_t determinism;
+};
+
+// A search: the checks, cuDNN's own buffers (x, w, y and a workspace) from cudaMalloc, the trial runs
+// on the handle's stream (they touch only those buffers), a wait for them, cudaFree; then `trials`
+// (given fastest first) as the results. CYXWIZ_EMULATED_CUDNN_FIND_FAIL=1 (read at each search): it
+// fails as if its buffers did not fit in memory, leaving cudaErrorMemoryAllocation as the thread's
+// last error, as the failed cudaMalloc inside a real cuDNN would.
+template <class Perf, class Algo>
+cudnnStatus_t search(const char* call, cudnnHandle_t handle, const cudnnTensorStruct* x, const cudnnFilterStruct* w,
+                     const cudnnConvolutionStruct* conv, const cudnnTensorStruct* y, int requested, int* returned,
+                     Perf* perfs, std::initializer_list<Trial<Algo>> trials) {
+  ++gSearches;
+  if (!handle) return refuse(CUDNN_STATUS_NOT_INITIALIZED, std::string(call) + ": null handle");
+  if (requested < 1 || !returned || !perfs) return bad(call, "requestedAlgoCount < 1 or a null output");
+  Conv g;
+  if (cudnnStatus_t st = convCheck(call, x, w, conv, y, &g)) return st;
+  if (envInt("CYXWIZ_EMULATED_CUDNN_FIND_FAIL", 0, 0, 1)) {
+    setLastError(cudaErrorMemoryAllocation);
+    return refuse(CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED,
+                  std::string(call) + ": its buffers do not fit in memory (CYXWIZ_EMULATED_CUDNN_FIND_FAIL=1)");
+  }
+  const size_t bytes = size_t(g.xCount() + g.wCount() + g.yCount()) * sizeof(float) + kWorkspaceBytes;
+  void* buffers = nullptr;
+  cudaError_t e = cudaMalloc(&buffers, bytes);
+  if (e != cudaSuccess) {
+    return refuse(CUDNN_STATUS_EXECUTION_FAILED_CUDART,
+                  std::string(call) + ": cudaMalloc of its buffers failed: " + cudaGetErrorName(e));
+  }
+  e = enqueue(handle->stream, call, {Access{buffers, bytes, true}}, [] {});
+  if (e == cudaSuccess) e = cudaStreamSynchronize(handle->stream);
+  cudaFree(buffers);
+  if (e != cudaSuccess) {
+    return refuse(CUDNN_STATUS_EXECUTION_FAILED_CUDART,
+                  std::string(call) + ": the trial runs failed: " + cudaGetErrorName(e));
+  }
+  int n = 0;
+  for (const Trial<Algo>& t : trials) {
+    if (n == requested) break;
+    Perf p;
+    std::memset(&p, 0, sizeof p);
+    p.algo = t.algo;
+    p.status = CUDNN_STATUS_SUCCESS;
+    p.time = t.ms;
+    p.memory = kWorkspaceBytes;
+    p.determinism = t.determinism;
+    p.mathType = conv->math;
+    perfs[n++] = p;
+  }
+  *returned = n;
+  return CUDNN_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -656,6 +728,49 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle
                                                             cudnnConvolutionBwdFilterAlgoPerf_t* perfResults) {
   return offerOne("cudnnGetConvolutionBackwardFilterAlgorithm_v7", handle, srcDesc, gradDesc, convDesc, diffDesc,
                   requestedAlgoCount, returnedAlgoCount, perfResults, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+}
+
+// The searches: fastest deterministic not the heuristic's (IMPLICIT_GEMM, BWD_DATA_ALGO_1,
+// BWD_FILTER_ALGO_1), and for the backward passes a faster non-deterministic ALGO_0 first.
+
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+                                                   const cudnnFilterDescriptor_t wDesc,
+                                                   const cudnnConvolutionDescriptor_t convDesc,
+                                                   const cudnnTensorDescriptor_t yDesc, const int requestedAlgoCount,
+                                                   int* returnedAlgoCount, cudnnConvolutionFwdAlgoPerf_t* perfResults) {
+  return search<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
+      "cudnnFindConvolutionForwardAlgorithm", handle, xDesc, wDesc, convDesc, yDesc, requestedAlgoCount,
+      returnedAlgoCount, perfResults,
+      {{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, 0.5f, CUDNN_DETERMINISTIC},
+       {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, 1.0f, CUDNN_DETERMINISTIC}});
+}
+
+cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc,
+                                                        const cudnnTensorDescriptor_t dyDesc,
+                                                        const cudnnConvolutionDescriptor_t convDesc,
+                                                        const cudnnTensorDescriptor_t dxDesc,
+                                                        const int requestedAlgoCount, int* returnedAlgoCount,
+                                                        cudnnConvolutionBwdDataAlgoPerf_t* perfResults) {
+  return search<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
+      "cudnnFindConvolutionBackwardDataAlgorithm", handle, dxDesc, wDesc, convDesc, dyDesc, requestedAlgoCount,
+      returnedAlgoCount, perfResults,
+      {{CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, 0.25f, CUDNN_NON_DETERMINISTIC},
+       {CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING, 0.5f, CUDNN_DETERMINISTIC},
+       {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, 1.0f, CUDNN_DETERMINISTIC}});
+}
+
+cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+                                                          const cudnnTensorDescriptor_t dyDesc,
+                                                          const cudnnConvolutionDescriptor_t convDesc,
+                                                          const cudnnFilterDescriptor_t dwDesc,
+                                                          const int requestedAlgoCount, int* returnedAlgoCount,
+                                                          cudnnConvolutionBwdFilterAlgoPerf_t* perfResults) {
+  return search<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
+      "cudnnFindConvolutionBackwardFilterAlgorithm", handle, xDesc, dwDesc, convDesc, dyDesc, requestedAlgoCount,
+      returnedAlgoCount, perfResults,
+      {{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, 0.25f, CUDNN_NON_DETERMINISTIC},
+       {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING, 0.5f, CUDNN_DETERMINISTIC},
+       {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, 1.0f, CUDNN_DETERMINISTIC}});
 }
 
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
@@ -699,6 +814,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, c
                                    workSpace, workSpaceSizeInBytes)) {
     return st;
   }
+  gLastAlgo[0] = int(algo);
   Conv g;
   if (cudnnStatus_t st = convCheck(call, xDesc, wDesc, convDesc, yDesc, &g)) return st;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
@@ -725,6 +841,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
                                    workSpace, workSpaceSizeInBytes)) {
     return st;
   }
+  gLastAlgo[1] = int(algo);
   Conv g;
   if (cudnnStatus_t st = convCheck(call, dxDesc, wDesc, convDesc, dyDesc, &g)) return st;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
@@ -752,6 +869,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
                                    CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, workSpace, workSpaceSizeInBytes)) {
     return st;
   }
+  gLastAlgo[2] = int(algo);
   Conv g;
   if (cudnnStatus_t st = convCheck(call, xDesc, dwDesc, convDesc, dyDesc, &g)) return st;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
@@ -860,5 +978,16 @@ cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t handle, const cudnnPoolingDescr
               writes<float>(dx, count(*xDesc))},
              [=] { poolBackwardHost(g, a, dyp, xp, b, dxp); });
 }
+
+}  // extern "C"
+
+// Test hooks (listed in hooks.cpp).
+extern "C" {
+
+__attribute__((visibility("default"))) int cxemu_test_last_conv_algo(int pass) {
+  return pass >= 0 && pass < 3 ? gLastAlgo[pass].load() : -1;
+}
+
+__attribute__((visibility("default"))) int cxemu_test_conv_searches() { return gSearches.load(); }
 
 }  // extern "C"

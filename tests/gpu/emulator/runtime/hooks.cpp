@@ -17,6 +17,10 @@
 //       reads [p, p+bytes) on a stream of its own (created on cuda:dev), for `ms` milliseconds, queued
 //       now; returns that stream (as a DLPack consumer's stream), 0 on failure.
 //   int cxemu_test_stream_synchronize(uintptr_t stream)  waits for such a stream (a cudaError_t).
+//   int cxemu_test_last_conv_algo(int pass)  the algorithm the last cuDNN convolution call of `pass` (0
+//       forward, 1 backward data, 2 backward filter) received, as its enum's value; -1 none yet. cudnn.cpp.
+//   int cxemu_test_conv_searches()  cudnnFindConvolution*Algorithm calls so far, refused ones included.
+//       cudnn.cpp.
 #include <chrono>
 #include <thread>
 

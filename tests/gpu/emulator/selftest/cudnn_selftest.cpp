@@ -5,7 +5,12 @@
 // independently (backward data as a gather, where the emulator scatters). Shapes cover strides 1 and
 // 2, padding, dilation 2, groups 2 and depthwise. Also: alpha/beta, NaN and ties in max pooling,
 // TF32 rounding, argument errors, graph capture of a call and its workspace, and a freed workspace
-// caught as an illegal access. Built with the library's sources, as build.sh builds the emulator:
+// caught as an illegal access. The algorithm choice: the program runs its tests without
+// CYXWIZ_CUDNN_BENCHMARK (the heuristic's algorithms), then runs itself again (--search) with
+// CYXWIZ_CUDNN_BENCHMARK=1 (read once per process), where the convolutions must run the search's
+// algorithms with the same results, a failed search must fall back silently, and a shape first used
+// inside a graph capture must take the heuristic's without breaking the capture. Built with the
+// library's sources, as build.sh builds the emulator:
 //   g++ -std=c++17 -O1 -g -Wall -Wextra -pthread -DCYXWIZ_HAVE_CUDNN=1 -Itests/gpu/emulator/include
 //     -Itests/gpu/emulator -Icpp tests/gpu/emulator/selftest/cudnn_selftest.cpp cpp/cyxwiz/cuda/*.cpp
 //     tests/gpu/emulator/runtime/*.cpp tests/gpu/emulator/nccl/*.cpp tests/gpu/emulator/kernels/*.cpp
@@ -13,6 +18,8 @@
 // Exit status 0 when every check passed; each failure prints its line.
 #include <cudnn.h>
 #include <cuda_runtime_api.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -27,6 +34,9 @@
 
 extern "C" int cxemu_test_errors();
 extern "C" int cxemu_test_sticky_error(int dev);
+extern "C" int cxemu_test_last_conv_algo(int pass);
+extern "C" int cxemu_test_conv_searches();
+extern char** environ;
 
 using cyxwiz::cuda::Api;
 using cyxwiz::cuda::ConvShape;
@@ -362,6 +372,129 @@ void testErrorsAndCapture(Api* api) {
   CHECK(cxemu_test_errors() == 0);
 }
 
+// The algorithms the three passes' last calls received (the emulator's record).
+struct Algos {
+  int forward, backwardData, backwardFilter;
+  bool operator==(const Algos& o) const {
+    return forward == o.forward && backwardData == o.backwardData && backwardFilter == o.backwardFilter;
+  }
+};
+
+Algos lastAlgos() {
+  return Algos{cxemu_test_last_conv_algo(0), cxemu_test_last_conv_algo(1), cxemu_test_last_conv_algo(2)};
+}
+
+// One call of each pass on `s` (bias, accumulated dw and db), eager or captured and replayed once,
+// checked against the references; returns the algorithms they ran with.
+Algos runPasses(Api* api, const ConvShape& s, const std::string& label, bool captured) {
+  Device d{api, 0, {}};
+  const size_t nx = size_t(s.n * s.c * s.h * s.w), ny = size_t(s.n * s.k * s.oh * s.ow);
+  const size_t nw = size_t(s.k * (s.c / s.groups) * s.kh * s.kw), nk = size_t(s.k);
+  const Floats x = randomFloats(nx), w = randomFloats(nw), bias = randomFloats(nk), dy = randomFloats(ny);
+  const Floats dw0 = randomFloats(nw), db0 = randomFloats(nk);
+  float *gx = d.upload(x), *gw = d.upload(w), *gb = d.upload(bias), *gdy = d.upload(dy);
+  float *gy = d.alloc(ny), *gdx = d.alloc(nx), *gdw = d.upload(dw0), *gdb = d.upload(db0);
+  if (captured) CHECK_OK(api->graphBeginCapture(0));
+  CHECK_OK(api->convForward(0, s, gx, gw, gb, gy));
+  CHECK_OK(api->convBackwardData(0, s, gdy, gw, gdx));
+  CHECK_OK(api->convBackwardFilter(0, s, gx, gdy, gdw, gdb));
+  const Algos got = lastAlgos();  // recorded when called (captured: when recorded into the graph)
+  void* graph = nullptr;
+  if (captured) {
+    CHECK_OK(api->graphEndCapture(0, &graph));  // fails if a search ran inside the capture
+    CHECK(graph != nullptr);
+    if (!graph) return got;
+    CHECK_OK(api->graphLaunch(0, graph));
+  }
+  CHECK_OK(api->synchronize(0));
+  Floats y = refConv(s, x, w), dwWant = refConvBackwardFilter(s, x, dy), dbWant = db0;
+  for (size_t i = 0; i < ny; ++i) y[i] += bias[(i / size_t(s.oh * s.ow)) % nk];
+  for (size_t i = 0; i < nw; ++i) dwWant[i] += dw0[i];
+  for (size_t i = 0; i < ny; ++i) dbWant[(i / size_t(s.oh * s.ow)) % nk] += dy[i];
+  checkClose((label + ": convForward with bias").c_str(), d.download(gy, ny), y);
+  checkClose((label + ": convBackwardData").c_str(), d.download(gdx, nx), refConvBackwardData(s, dy, w));
+  checkClose((label + ": convBackwardFilter (dw)").c_str(), d.download(gdw, nw), dwWant);
+  checkClose((label + ": convBackwardFilter (db)").c_str(), d.download(gdb, nk), dbWant);
+  if (graph) api->graphDestroy(graph);
+  return got;
+}
+
+void printAlgos(const char* label, const Algos& a) {
+  std::printf("  %s: forward %d, backward data %d, backward filter %d\n", label, a.forward, a.backwardData,
+              a.backwardFilter);
+}
+
+// The emulator's heuristic offers IMPLICIT_GEMM, BWD_DATA_ALGO_1 and BWD_FILTER_ALGO_1; its searches
+// time IMPLICIT_PRECOMP_GEMM and each backward pass's FFT_TILING fastest among the deterministic ones
+// (a non-deterministic ALGO_0 faster still, which the deterministic-first policy passes over).
+const Algos kHeuristic{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+                       CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1};
+const Algos kSearch{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
+                    CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING};
+
+void testAlgorithmChoice(Api* api, bool search) {
+  std::printf("algorithm choice with CYXWIZ_CUDNN_BENCHMARK%s\n",
+              search ? "=1: the search's" : " unset: the heuristic's");
+  // Shapes no other test of this process uses (the choice is cached per shape).
+  const ConvShape a = conv(2, 3, 8, 8, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1);
+  const int searches = cxemu_test_conv_searches();
+  Algos got = runPasses(api, a, "first use", false);
+  printAlgos("first use", got);
+  CHECK(got == (search ? kSearch : kHeuristic));
+  CHECK(cxemu_test_conv_searches() == searches + (search ? 3 : 0));
+  // Cached: the same algorithms again, no new search.
+  got = runPasses(api, a, "second use", false);
+  CHECK(got == (search ? kSearch : kHeuristic));
+  CHECK(cxemu_test_conv_searches() == searches + (search ? 3 : 0));
+  CHECK(cxemu_test_errors() == 0);
+  if (!search) return;
+
+  // A failed search (its buffers do not fit): the heuristic's algorithm, no error, and the runtime's
+  // last error it left cleared; cached, so not searched again.
+  std::printf("  a failed search (3 \"emulator:\" lines expected)\n");
+  std::fflush(stdout);
+  const ConvShape b = conv(1, 4, 7, 7, 6, 3, 3, 2, 2, 1, 1, 1, 1, 2);
+  setenv("CYXWIZ_EMULATED_CUDNN_FIND_FAIL", "1", 1);
+  got = runPasses(api, b, "after a failed search", false);
+  unsetenv("CYXWIZ_EMULATED_CUDNN_FIND_FAIL");
+  printAlgos("after a failed search", got);
+  CHECK(got == kHeuristic);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(cxemu_test_conv_searches() == searches + 6);
+  CHECK(runPasses(api, b, "after a failed search, again", false) == kHeuristic);
+  CHECK(cxemu_test_conv_searches() == searches + 6);
+
+  // A shape first used inside a capture: no search (its cudaMalloc would invalidate the capture, which
+  // graphEndCapture would report), the heuristic's algorithms, kept for later eager calls.
+  const ConvShape c = conv(2, 2, 6, 5, 3, 3, 2, 1, 1, 1, 0, 1, 1, 1);
+  got = runPasses(api, c, "first use in a capture", true);
+  printAlgos("first use in a capture", got);
+  CHECK(got == kHeuristic);
+  CHECK(cxemu_test_conv_searches() == searches + 6);
+  CHECK(runPasses(api, c, "eager after the capture", false) == kHeuristic);
+  CHECK(cxemu_test_conv_searches() == searches + 6);
+  // A shape searched eagerly keeps the search's algorithms inside a capture.
+  CHECK(runPasses(api, a, "captured after a search", true) == kSearch);
+  CHECK(cxemu_test_errors() == 0);
+}
+
+// Runs this program again with CYXWIZ_CUDNN_BENCHMARK=1 and --search; its exit status.
+int runSearchChild(const char* argv0) {
+  std::printf("running %s --search with CYXWIZ_CUDNN_BENCHMARK=1\n", argv0);
+  std::fflush(stdout);
+  setenv("CYXWIZ_CUDNN_BENCHMARK", "1", 1);  // this process read it already (unset)
+  char flag[] = "--search";
+  char* args[] = {const_cast<char*>(argv0), flag, nullptr};
+  pid_t pid = 0;
+  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, args, environ) != 0) {
+    std::fprintf(stderr, "FAILED: posix_spawn of %s --search\n", argv0);
+    return 1;
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return 1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
 // The emulated cuDNN directly: alpha and beta, the workspace check, a freed workspace.
 void testDirect() {
   std::printf("emulated cuDNN directly: alpha/beta, workspace size, a freed workspace (cuda:1)\n");
@@ -438,7 +571,9 @@ void testDirect() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool searchChild = argc > 1 && std::strcmp(argv[1], "--search") == 0;
+  if (!searchChild) unsetenv("CYXWIZ_CUDNN_BENCHMARK");  // the default; the child runs with it on
   setenv("CYXWIZ_EMULATED_GPUS", "2", 1);
   setenv("CYXWIZ_EMULATED_DELAY_US", "200", 1);
   const char* error = nullptr;
@@ -447,10 +582,25 @@ int main() {
     std::fprintf(stderr, "FAILED: cyxwiz_cuda_api: %s\n", error ? error : "?");
     return 1;
   }
+  if (searchChild) {
+    testConvolutions(api);  // every shape's results through the searched algorithms
+    testAlgorithmChoice(api, true);
+    if (gFailures) {
+      std::fprintf(stderr, "%d check(s) FAILED with CYXWIZ_CUDNN_BENCHMARK=1\n", gFailures);
+      return 1;
+    }
+    std::printf("cudnn self-test with CYXWIZ_CUDNN_BENCHMARK=1: all checks passed\n");
+    return 0;
+  }
   testConvolutions(api);
   testPooling(api);
   testErrorsAndCapture(api);
-  testDirect();  // last: it loses cuda:1's context on purpose
+  testAlgorithmChoice(api, false);
+  testDirect();  // last but the child: it loses cuda:1's context on purpose
+  if (runSearchChild(argv[0]) != 0) {
+    std::fprintf(stderr, "FAILED: the run with CYXWIZ_CUDNN_BENCHMARK=1\n");
+    ++gFailures;
+  }
   if (gFailures) {
     std::fprintf(stderr, "%d check(s) FAILED\n", gFailures);
     return 1;
