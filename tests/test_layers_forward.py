@@ -477,11 +477,18 @@ def test_sequential_wrong_feature_count_raises_value_error_naming_shapes():
     assert "(4, 8)" in msg and re.search(r"\([^()]*\b5\)", msg), msg
 
 
-@pytest.mark.parametrize("x_shape", [(5,), (2, 3, 5)], ids=["1d", "3d"])
-def test_linear_rejects_non_matrix_input(x_shape):
+@pytest.mark.parametrize("x_shape", [(5,), (2, 3, 4)], ids=["1d", "3d-wrong-width"])
+def test_linear_rejects_input_without_its_last_dimension(x_shape):
     with pytest.raises(ValueError) as info:
         cx.LinearModule(5, 2).forward(np.zeros(x_shape, dtype=np.float32))
     assert str(x_shape).replace(",)", ")") in str(info.value) or str(x_shape) in str(info.value)
+
+
+def test_linear_acts_on_the_last_dimension_of_3d_input():
+    """As torch.nn.Linear: (N, T, in) -> (N, T, out), each (n, t) row its own product."""
+    layer = cx.LinearModule(5, 2)
+    x = np.random.default_rng(0).standard_normal((2, 3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(layer.forward(x), layer.forward(x.reshape(6, 5)).reshape(2, 3, 2))
 
 
 def test_adding_mismatched_linear_layers_raises():

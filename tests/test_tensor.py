@@ -355,12 +355,14 @@ def test_wrong_feature_count_names_expected_and_actual_shape():
     assert "(2, 5)" in message
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 4), (4,), (1, 1, 1, 4)])
-def test_non_matrix_input_to_linear_raises_value_error(shape):
+@pytest.mark.parametrize("shape", [(2, 4, 3), (4,), (1, 1, 4, 1)])
+def test_input_without_linears_last_dimension_raises_value_error(shape):
+    """A linear layer takes (batch, 4) or (..., 4): a 1-D input, or one whose last dimension is not 4,
+    is refused naming both. (2, 3, 4) and (1, 1, 1, 4) are rows of the last dimension, as in torch."""
     model = linear_model(4, 3)
     with pytest.raises(ValueError) as info:
         model.forward(np.ones(shape, np.float32))
-    assert "(batch, 4)" in str(info.value)
+    assert "(batch, 4)" in str(info.value) and "(..., 4)" in str(info.value)
     assert str(shape) in str(info.value)
 
 

@@ -115,7 +115,7 @@ all-reduce runs in the background.)doc")
            }),
            py::arg("model"), py::arg("ddp_config") = py::none())
       .def("forward", [](DistributedDataParallel& self, py::handle x) {
-        Tensor in = floatTensor(x, "DistributedDataParallel.forward");
+        Tensor in = cyxwiz::bindings::modelInput(x, self.model()->takesIndices(), "DistributedDataParallel.forward");
         Tensor out;
         { BlockingCall unlocked; out = self.forward(in); }
         return cyxwiz::bindings::toPython(out);

@@ -6,7 +6,10 @@
 #include "cyxwiz/nn/batchnorm.h"
 #include "cyxwiz/nn/conv2d.h"
 #include "cyxwiz/nn/dropout.h"
+#include "cyxwiz/nn/embedding.h"
+#include "cyxwiz/nn/layernorm.h"
 #include "cyxwiz/nn/pool2d.h"
+#include "cyxwiz/nn/positional.h"
 #include "cyxwiz/nn/residual.h"
 #include "cyxwiz/nn/gelu.h"
 #include "cyxwiz/nn/linear.h"
@@ -104,7 +107,7 @@ constexpr const char* kViewsNote =
 void init_nn(py::module_& m) {
   py::class_<Module, std::shared_ptr<Module>>(m, "Module", "Base class of every layer.")
       .def("forward", [](Module& self, py::handle x) {
-        Tensor in = floatTensor(x, (self.typeName() + ".forward").c_str());
+        Tensor in = cyxwiz::bindings::modelInput(x, self.takesIndices(), (self.typeName() + ".forward").c_str());
         Tensor out;
         { cyxwiz::bindings::BlockingCall unlocked; out = self.forward(in); }
         return toPython(out);
@@ -206,6 +209,35 @@ bias (out_channels); kernel_size, stride, padding and dilation are an int or a (
       "num_batches_tracked are buffers.")
       .def(py::init<int64_t, double, double>(), py::arg("num_features"), py::arg("eps") = 1e-5, py::arg("momentum") = 0.1);
 
+  py::class_<LayerNormModule, Module, std::shared_ptr<LayerNormModule>>(m, "LayerNormModule",
+      "Normalisation over the trailing dimensions normalized_shape (an int or a tuple), as torch.nn.LayerNorm.")
+      .def(py::init([](py::object shape, double eps) {
+             cyxwiz::Shape s;
+             if (py::isinstance<py::int_>(shape)) {
+               s.push_back(shape.cast<int64_t>());
+             } else {
+               for (py::handle d : shape) s.push_back(d.cast<int64_t>());
+             }
+             return std::make_shared<LayerNormModule>(s, eps);
+           }),
+           py::arg("normalized_shape"), py::arg("eps") = 1e-5)
+      .def_property_readonly("normalized_shape", [](const LayerNormModule& l) {
+        py::tuple t(l.normalizedShape().size());
+        for (size_t i = 0; i < l.normalizedShape().size(); ++i) t[i] = l.normalizedShape()[i];
+        return t;
+      })
+      .def_property_readonly("eps", &LayerNormModule::eps);
+  py::class_<EmbeddingModule, Module, std::shared_ptr<EmbeddingModule>>(m, "EmbeddingModule",
+      "Token ids (N, T) of any integer dtype -> (N, T, embedding_dim) rows of a table, as torch.nn.Embedding.")
+      .def(py::init<int64_t, int64_t>(), py::arg("num_embeddings"), py::arg("embedding_dim"))
+      .def_property_readonly("num_embeddings", &EmbeddingModule::numEmbeddings)
+      .def_property_readonly("embedding_dim", &EmbeddingModule::embeddingDim);
+  py::class_<PositionalEncodingModule, Module, std::shared_ptr<PositionalEncodingModule>>(m, "PositionalEncodingModule",
+      "Adds sinusoidal (the Transformer paper's) or learned position vectors to (N, T, dim) embeddings.")
+      .def(py::init<int64_t, int64_t, bool>(), py::arg("max_len"), py::arg("dim"), py::arg("learned") = false)
+      .def_property_readonly("max_len", &PositionalEncodingModule::maxLen)
+      .def_property_readonly("dim", &PositionalEncodingModule::dim)
+      .def_property_readonly("learned", &PositionalEncodingModule::learned);
   py::class_<LeakyReLUModule, Module, std::shared_ptr<LeakyReLUModule>>(m, "LeakyReLUModule")
       .def(py::init<double>(), py::arg("negative_slope") = 0.01)
       .def_property_readonly("negative_slope", &LeakyReLUModule::negativeSlope);
@@ -233,7 +265,7 @@ gradients (call ``zero_grad`` between steps, or don't, to accumulate).
       .def(py::init<>())
       .def("add", &SequentialModel::add, py::arg("module"))
       .def("forward", [](SequentialModel& self, py::handle x) {
-        Tensor in = floatTensor(x, "SequentialModel.forward");
+        Tensor in = cyxwiz::bindings::modelInput(x, self.takesIndices(), "SequentialModel.forward");
         Tensor out;
         { cyxwiz::bindings::BlockingCall unlocked; out = self.forward(in); }
         return toPython(out);

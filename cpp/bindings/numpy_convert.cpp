@@ -67,6 +67,16 @@ Tensor floatTensor(py::handle obj, const char* what) {
   return wrap(py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(arr));
 }
 
+Tensor modelInput(py::handle obj, bool indices, const char* what) {
+  if (indices && py::isinstance<py::array>(obj)) {
+    const char kind = py::reinterpret_borrow<py::array>(obj).dtype().kind();
+    if (kind == 'i' || kind == 'u') {
+      return wrap(py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(obj));
+    }
+  }
+  return floatTensor(obj, what);
+}
+
 Tensor lossTargetTensor(bool classIndices, py::handle obj, const char* what) {
   return classIndices ? targetTensor(obj, what) : floatTensor(obj, what);
 }
@@ -76,15 +86,18 @@ Tensor targetTensor(py::handle obj, const char* what) {
   // Labels already on a GPU stay there (int64 class indices or float32 rows).
   if (isCudaArray(obj) || (py::isinstance<Tensor>(obj) && obj.cast<Tensor>().isCuda())) {
     Tensor t = isCudaArray(obj) ? cudaArrayTensor(obj, what) : obj.cast<Tensor>();
-    if ((t.dim() == 1 && t.dtype() == DType::Int64) || (t.dim() != 1 && t.dtype() == DType::Float32)) return t;
+    if (t.dtype() == DType::Int64 || (t.dim() != 1 && t.dtype() == DType::Float32)) return t;
   }
   if (py::isinstance<Tensor>(obj)) {
     view = numericView(obj.cast<Tensor>(), what);
     obj = view;
   }
   py::array arr = asNumericArray(obj, what);
-  if (arr.ndim() != 1) return floatTensor(arr, what);
-  if (arr.dtype().kind() == 'u' && arr.itemsize() == 8) {
+  const char kind = arr.dtype().kind();
+  // Integer arrays of any rank are class indices ((N,), or (N, T) per position of a sequence); float
+  // arrays of 2 or more dimensions are one-hot/probability rows.
+  if (arr.ndim() != 1 && kind != 'i' && kind != 'u') return floatTensor(arr, what);
+  if (kind == 'u' && arr.itemsize() == 8) {
     // uint64 labels above INT64_MAX would wrap to negative numbers in the cast below.
     auto u = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(arr);
     for (py::ssize_t i = 0; i < u.size(); ++i) {
@@ -93,7 +106,7 @@ Tensor targetTensor(py::handle obj, const char* what) {
       }
     }
   }
-  if (arr.dtype().kind() != 'f') {
+  if (kind != 'f') {
     return wrap(py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr));
   }
   auto values = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(arr);

@@ -16,8 +16,12 @@ namespace py = pybind11;
 // float32 C-contiguous arrays (and cx.Tensor) are wrapped without a copy; any other numeric array
 // (float64 inputs, uint8 images, strided views) is converted to float32 once.
 Tensor floatTensor(py::handle obj, const char* what);
-// Class indices from any integer dtype -> int64 (1-D); a 1-D float array only when every value is an
-// exact integer (labels are never silently truncated); a 2-D array -> float32 rows (one-hot/probabilities).
+// A model's input: integer arrays as int64 when the model's first layer takes token ids (indices),
+// everything else as floatTensor.
+Tensor modelInput(py::handle obj, bool indices, const char* what);
+// Class indices from any integer dtype -> int64 ((N,), or (N, T) for sequences); a 1-D float array only
+// when every value is an exact integer (labels are never silently truncated); a float array of 2 or more
+// dimensions -> float32 rows (one-hot/probabilities).
 Tensor targetTensor(py::handle obj, const char* what);
 // A loss target: targetTensor when the loss takes class indices, else floatTensor (regression values).
 Tensor lossTargetTensor(bool classIndices, py::handle obj, const char* what);

@@ -65,6 +65,7 @@ CASES = {
     "avgpool": (lambda: [cx.AvgPool2DModule(2)], (3, 4, 8, 6)),
     "global_avgpool_flatten_linear": (lambda: [cx.GlobalAvgPool2DModule(), cx.LinearModule(4, 3)], (5, 4, 6, 6)),
     "flatten_linear": (lambda: [cx.FlattenModule(), cx.LinearModule(48, 5)], (5, 3, 4, 4)),
+    "linear_gelu_on_sequences": (lambda: [cx.LinearModule(6, 8), cx.GELUModule(), cx.LinearModule(8, 3)], (4, 5, 6)),
     "batchnorm2d": (lambda: [cx.BatchNorm2DModule(4)], (6, 4, 5, 5)),
     "batchnorm1d_rows": (lambda: [cx.BatchNorm1DModule(7)], (16, 7)),
     "batchnorm1d_sequence": (lambda: [cx.BatchNorm1DModule(3, eps=1e-3, momentum=0.3)], (4, 3, 9)),

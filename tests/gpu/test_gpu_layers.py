@@ -522,3 +522,16 @@ def test_cublaslt_epilogues_match_the_unfused_path(tmp_path):
     assert results["1"].keys() == results["0"].keys() and len(results["1"]) == 5 * (3 + 5) - 2
     for key, want in results["0"].items():
         close(results["1"][key], want, f"{key} (cuBLASLt epilogue vs unfused)", GEMM)
+
+
+@pytest.mark.parametrize("make", [lambda: cx.EmbeddingModule(13, 8), lambda: cx.LayerNormModule(8),
+                                  lambda: cx.PositionalEncodingModule(16, 8)],
+                         ids=["embedding", "layernorm", "positions"])
+def test_cpu_only_layers_refuse_the_gpu_naming_the_layer(gpu, make):
+    """The sequence layers have CPU kernels only so far: moving a model that holds one is refused before
+    anything moves, naming the layer, and the model stays usable on the CPU."""
+    model = cx.SequentialModel()
+    model.add(make())
+    with pytest.raises(ValueError, match=r"layer 0 \(.*\) has CPU kernels only so far; keep this model on the CPU"):
+        model.to("cuda")
+    assert model.device == "cpu"

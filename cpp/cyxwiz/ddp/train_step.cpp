@@ -60,6 +60,7 @@ void TrainStep::run(const Tensor& x, const Tensor& y) {
     eager(x.to(model.device()), y.to(model.device()));
   }
   rows_ += static_cast<double>(x.size(0));
+  terms_ += static_cast<double>(loss_->terms(out));
 }
 
 void TrainStep::setMixedPrecision(std::optional<DType> dtype, std::shared_ptr<nn::GradScaler> scaler) {
@@ -98,23 +99,23 @@ void TrainStep::eager(const Tensor& x, const Tensor& y) {
 std::vector<double> TrainStep::totals() {
   if (graph_) graph_->finish();  // a replay stuck in a collective fails here, not in the copy below
   const Tensor host = sums_.to(Device{});
-  return {host.data<double>()[0], host.data<double>()[1], rows_};
+  return {host.data<double>()[0], host.data<double>()[1], rows_, terms_};
 }
 
 double TrainStep::meanLoss() {
   const std::vector<double> t = totals();
-  return t[2] > 0 ? t[0] / t[2] : std::nan("");
+  return t[3] > 0 ? t[0] / t[3] : std::nan("");
 }
 
 double TrainStep::accuracy() {
   const std::vector<double> t = totals();
-  return t[2] > 0 && loss_->takesClassIndices() ? t[1] / t[2] : std::nan("");
+  return t[3] > 0 && loss_->takesClassIndices() ? t[1] / t[3] : std::nan("");
 }
 
 void TrainStep::reset() {
   if (graph_) graph_->finish();  // the replays still adding to the sums
   sums_.fill(0.0);
-  rows_ = 0;
+  rows_ = terms_ = 0;
 }
 
 bool TrainStep::graphed() const { return graph_ && graph_->active(); }

@@ -46,10 +46,10 @@ class TrainStep {
   // One step on x (rows, features) float32 and its targets, on the host or the model's device. The
   // targets are checked on the host first (labels in range), so the step itself never reads back.
   void run(const Tensor& x, const Tensor& y);
-  // {loss summed over rows, correct rows, rows} since the last reset, read to the host after the last
-  // replay (bounded by DISTRIBUTED_TIMEOUT_MS).
+  // {loss summed over its terms, correct terms, rows, terms} since the last reset (terms: rows, or every
+  // position of a sequence loss), read to the host after the last replay (bounded by DISTRIBUTED_TIMEOUT_MS).
   std::vector<double> totals();
-  // From totals(): the mean loss per row, and the fraction of correct rows (NaN without rows, and
+  // From totals(): the mean loss per term, and the fraction of correct terms (NaN without rows, and
   // the accuracy for losses without classes).
   double meanLoss();
   double accuracy();
@@ -69,7 +69,7 @@ class TrainStep {
   std::optional<DType> autocast_;
   std::shared_ptr<nn::GradScaler> scaler_;
   Tensor sums_;  // float64 {loss, correct} on the model's device; a captured step writes here on every replay
-  double rows_ = 0;
+  double rows_ = 0, terms_ = 0;
   std::unique_ptr<GraphedStep> graph_;
 };
 

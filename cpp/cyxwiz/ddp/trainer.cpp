@@ -165,9 +165,9 @@ TrainingHistory DistributedTrainer::run(const Tensor& X, const Tensor& y,
     trainSeconds += epochSeconds;
 
     ProgressEvent end{ProgressEvent::Kind::EpochEnd, epoch + 1, config.epochs, batches.numBatches(), batches.numBatches()};
-    end.loss = total[0] / total[2];
+    end.loss = total[0] / total[3];
     end.hasAccuracy = loss_->takesClassIndices();
-    end.accuracy = end.hasAccuracy ? total[1] / total[2] : std::nan("");
+    end.accuracy = end.hasAccuracy ? total[1] / total[3] : std::nan("");
     history.trainLosses.push_back(end.loss);
     history.trainAccuracies.push_back(end.accuracy);
     if (validation) {
@@ -208,9 +208,9 @@ void DistributedTrainer::trainEpoch(const Tensor& X, const Tensor& y, Distribute
     if (config.verbose && isMaster() && ((b + 1) % config.logEveryNBatches == 0 || b + 1 == count)) {
       ProgressEvent e{ProgressEvent::Kind::Batch, epoch + 1, config.epochs, b + 1, count};
       const std::vector<double> local = step.totals();
-      e.loss = local[0] / local[2];
+      e.loss = local[0] / local[3];
       e.hasAccuracy = loss_->takesClassIndices();
-      e.accuracy = local[1] / local[2];
+      e.accuracy = local[1] / local[3];
       e.seconds = secondsSince(start);
       e.samplesPerSecond = local[2] * worldSize() / std::max(e.seconds, 1e-9);  // every rank runs the same batches
       report(e, true);
@@ -231,7 +231,7 @@ std::pair<double, double> DistributedTrainer::evaluate(const Tensor& X, const Te
     std::vector<int64_t> rows(mine.begin() + begin, mine.begin() + std::min(mine.size(), begin + batchSize));
     Tensor out = model_->forward(gatherRows(X, rows));
     addBatchSums(*loss_, out, loss_->prepareTarget(out, gatherRows(y, rows), "DistributedTrainer.evaluate"), sums);
-    count += static_cast<double>(out.size(0));
+    count += static_cast<double>(loss_->terms(out.shape()));
   }
   const Tensor local = sums.to(Device{});
   std::vector<double> total =

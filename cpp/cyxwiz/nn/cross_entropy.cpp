@@ -14,7 +14,8 @@ void CrossEntropyLoss::checkTarget(const Shape& outputShape, const Tensor& targe
 
 void CrossEntropyLoss::addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const {
   const bool indices = target.dtype() == DType::Int64;
-  const int64_t rows = output.size(0), classes = output.size(1);
+  // (N, ..., classes): every position is a row of its own.
+  const int64_t classes = output.size(output.dim() - 1), rows = output.numel() / classes;
   if (output.isCuda()) {
     CYX_CUDA(crossEntropyForward(output.device().index, output.deviceData<float>(),
                                  indices ? target.deviceData<int64_t>() : nullptr,
@@ -42,7 +43,8 @@ void CrossEntropyLoss::addLossSum(const Tensor& output, const Tensor& target, Te
 
 Tensor CrossEntropyLoss::gradient(const Tensor& output, const Tensor& target) const {
   const bool indices = target.dtype() == DType::Int64;
-  const int64_t rows = output.size(0), classes = output.size(1);
+  // (N, ..., classes): every position is a row of its own.
+  const int64_t classes = output.size(output.dim() - 1), rows = output.numel() / classes;
   if (output.isCuda()) {
     Tensor grad = Tensor::empty(output.shape(), DType::Float32, output.device());
     CYX_CUDA(crossEntropyBackward(output.device().index, output.deviceData<float>(),

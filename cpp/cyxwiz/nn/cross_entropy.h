@@ -15,6 +15,12 @@ class CrossEntropyLoss : public Loss {
   // (softmax(x) * sum_c p_c - p) / rows
   Tensor gradient(const Tensor& output, const Tensor& target) const override;
   bool takesClassIndices() const override { return true; }
+  // Every position of (N, T, classes) logits: the mean is over N * T, as torch's.
+  int64_t terms(const Shape& outputShape) const override {
+    int64_t n = 1;
+    for (size_t d = 0; d + 1 < outputShape.size(); ++d) n *= outputShape[d];
+    return n;
+  }
 };
 
 }  // namespace cyxwiz::nn

@@ -29,8 +29,32 @@ void LinearModule::resetParameters() {
 
 Tensor LinearModule::forward(const Tensor& input) { return forward(input, false); }
 
+namespace {
+
+// `t` as rows of its last dimension (a view).
+Tensor asRows(const Tensor& t) {
+  const int64_t last = t.size(t.dim() - 1);
+  return t.dim() == 2 ? t : t.reshape({last ? t.numel() / last : 0, last});
+}
+
+}  // namespace
+
 Tensor LinearModule::forward(const Tensor& input, bool relu) {
-  requireMatrix(input, repr() + ".forward", in_);
+  const std::string who = repr() + ".forward";
+  if (input.dtype() != DType::Float32) throw TypeMismatch(makeString(who, ": expected float32 input, got ", dtypeName(input.dtype())));
+  if (input.dim() < 2 || input.size(input.dim() - 1) != in_) {
+    throw InvalidArgument(makeString(who, ": expected input of shape (batch, ", in_, ") or (..., ", in_, "), got ",
+                                     shapeString(input.shape())));
+  }
+  inputShape_ = input.shape();
+  const Tensor out = forwardRows(asRows(input), relu);
+  if (input.dim() == 2) return out;
+  Shape shape = input.shape();
+  shape.back() = out_;
+  return out.reshape(shape);
+}
+
+Tensor LinearModule::forwardRows(const Tensor& input, bool relu) {
   const Device device = weight_.value.device();
   if (const std::optional<DType> dtype = autocastDtype()) return forward16(input, relu, *dtype);
   const Tensor x = input.to(device);  // numpy input of a GPU layer: copied once, here at the edge
@@ -45,7 +69,14 @@ Tensor LinearModule::forward(const Tensor& input, bool relu) {
 
 Tensor LinearModule::backward(const Tensor& gradOutput) {
   requireForward(input_);
-  checkBackward(input_, gradOutput, {input_.size(0), out_});
+  Shape expected = inputShape_;
+  expected.back() = out_;
+  checkBackward(input_, gradOutput, expected);
+  const Tensor gradInput = backwardRows(asRows(gradOutput));
+  return gradInput.defined() && inputShape_.size() != 2 ? gradInput.reshape(inputShape_) : gradInput;
+}
+
+Tensor LinearModule::backwardRows(const Tensor& gradOutput) {
   if (input_.dtype() != DType::Float32) return backward16(gradOutput);
   const Device device = weight_.value.device();
   const Tensor gt = gradOutput.to(device);
@@ -134,13 +165,16 @@ std::string LinearModule::repr() const {
 
 Shape LinearModule::outputShape(const Shape& input) const {
   if (input.empty()) return {-1, out_};
-  if (input.size() != 2) {
-    throw InvalidArgument(makeString(repr(), " expects input (N, ", in_, "), got ", describeShape(input),
-                                     input.size() > 2 ? "; put a FlattenModule before it" : ""));
+  if (input.size() < 2) {
+    throw InvalidArgument(makeString(repr(), " expects input (N, ", in_, ") or (..., ", in_, "), got ", describeShape(input)));
   }
-  CYX_CHECK(input[1] < 0 || input[1] == in_, repr(), " cannot follow a layer with ", input[1], " outputs: it expects input (N, ",
-            in_, "), got ", describeShape(input));
-  return {input[0], out_};
+  const int64_t last = input.back();
+  CYX_CHECK(last < 0 || last == in_, repr(), " cannot follow a layer with ", last, " outputs: it expects input (N, ", in_,
+            ") or (..., ", in_, ") (the last dimension), got ", describeShape(input),
+            input.size() > 2 ? "; put a FlattenModule before it to take the whole sample" : "");
+  Shape out = input;
+  out.back() = out_;
+  return out;
 }
 
 }  // namespace cyxwiz::nn

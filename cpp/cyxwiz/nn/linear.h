@@ -1,4 +1,5 @@
-// LinearModule: y = x W^T + b, W of shape (out_features, in_features) as in PyTorch.
+// LinearModule: y = x W^T + b, W of shape (out_features, in_features) as in PyTorch, over the last
+// dimension of any input (..., in) -> (..., out): the leading dimensions are rows of one product.
 #pragma once
 
 #include "cyxwiz/nn/module.h"
@@ -39,9 +40,13 @@ class LinearModule : public Module {
   void clearCache() override {
     input_ = Tensor();
     weight16_ = Tensor();
+    inputShape_.clear();
   }
 
  private:
+  // The product over rows: input (rows, in) -> (rows, out).
+  Tensor forwardRows(const Tensor& input, bool relu);
+  Tensor backwardRows(const Tensor& gradOutput);
   // Under autocast (nn/autocast.h): 16-bit operands, float32 accumulation, the 16-bit input kept.
   Tensor forward16(const Tensor& input, bool relu, DType dtype);
   Tensor backward16(const Tensor& gradOutput);
@@ -50,7 +55,8 @@ class LinearModule : public Module {
   int64_t in_, out_;
   bool hasBias_;
   Parameter weight_, bias_;
-  Tensor input_;  // cached by forward: float32, or its 16-bit copy under autocast
+  Tensor input_;  // cached by forward, as rows: float32, or its 16-bit copy under autocast
+  Shape inputShape_;  // what forward was given (rows of more than 2 dimensions are flattened)
   Tensor weight16_;  // autocast on a GPU: the weight's 16-bit copy forward multiplied with, for dx
 };
 

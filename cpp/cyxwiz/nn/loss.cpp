@@ -21,7 +21,7 @@ double Loss::forward(const Tensor& output, const Tensor& target) {
   const Tensor t = prepareTarget(output, target, typeName() + ".forward");
   Tensor sum = scalarSum(output);
   addLossSum(output, t, sum, 0);
-  return readScalar(sum) / static_cast<double>(output.size(0));
+  return readScalar(sum) / static_cast<double>(terms(output.shape()));
 }
 
 Tensor Loss::prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const {
@@ -36,22 +36,45 @@ Tensor Loss::backward(const Tensor& output, const Tensor& target) {
   return gradient(output, prepareTarget(output, target, typeName() + ".backward"));
 }
 
+namespace {
+
+// Flat index -> "row 3" (2-D outputs) or "position (1, 4)" (sequences).
+std::string labelPosition(int64_t flat, const Shape& labels) {
+  if (labels.size() == 1) return makeString("row ", flat);
+  Shape at(labels.size());
+  for (size_t d = labels.size(); d-- > 0;) {
+    at[d] = flat % labels[d];
+    flat /= labels[d];
+  }
+  return "position " + shapeString(at);
+}
+
+}  // namespace
+
 bool checkClassTarget(const Shape& outputShape, const Tensor& target, const std::string& who) {
-  CYX_CHECK(outputShape.size() == 2, who, ": expected output of shape (batch, classes), got ", shapeString(outputShape));
-  const int64_t rows = outputShape[0], classes = outputShape[1];
+  CYX_CHECK(outputShape.size() >= 2, who, ": expected output of shape (batch, classes) or (batch, ..., classes), got ",
+            shapeString(outputShape));
+  const int64_t rows = outputShape[0], classes = outputShape.back();
   CYX_CHECK(rows > 0, who, ": the batch is empty");
-  if (target.dtype() == DType::Int64 && target.dim() == 1) {
-    CYX_CHECK(target.size(0) == rows, who, ": output has ", rows, " rows but target has ", target.size(0), " labels");
+  const Shape labels(outputShape.begin(), outputShape.end() - 1);
+  if (target.dtype() == DType::Int64 && (target.dim() == 1 || outputShape.size() > 2)) {
+    if (target.shape() != labels) {
+      if (labels.size() == 1) {
+        throw InvalidArgument(makeString(who, ": output has ", rows, " rows but target has ", target.size(0), " labels"));
+      }
+      throw InvalidArgument(makeString(who, ": an output of shape ", shapeString(outputShape), " takes class indices of shape ",
+                                       shapeString(labels), ", got ", shapeString(target.shape())));
+    }
     const Tensor host = target.to(Device{});  // labels on a GPU: a small copy, checked here
     const int64_t* t = host.data<int64_t>();
-    for (int64_t r = 0; r < rows; ++r) {
-      CYX_CHECK(t[r] >= 0 && t[r] < classes, who, ": target class ", t[r], " at row ", r, " is out of range for ",
-                classes, " classes (valid: 0..", classes - 1, ")");
+    for (int64_t r = 0; r < host.numel(); ++r) {
+      CYX_CHECK(t[r] >= 0 && t[r] < classes, who, ": target class ", t[r], " at ", labelPosition(r, labels),
+                " is out of range for ", classes, " classes (valid: 0..", classes - 1, ")");
     }
     return true;
   }
   CYX_CHECK(target.dtype() == DType::Float32 && target.shape() == outputShape, who,
-            ": target must be class indices of shape (", rows, ",) or rows of shape ", shapeString(outputShape),
+            ": target must be class indices of shape ", shapeString(labels), " or rows of shape ", shapeString(outputShape),
             ", got ", dtypeName(target.dtype()), " ", shapeString(target.shape()));
   return false;
 }
@@ -60,7 +83,7 @@ Tensor targetOnDevice(const Tensor& output, const Tensor& target) { return targe
 
 void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) {
   const bool indices = target.dtype() == DType::Int64;
-  const int64_t rows = output.size(0), classes = output.size(1);
+  const int64_t classes = output.size(output.dim() - 1), rows = output.numel() / classes;  // every position
   if (output.isCuda()) {
     CYX_CUDA(countCorrect(output.device().index, output.deviceData<float>(), indices ? target.deviceData<int64_t>() : nullptr,
                           indices ? nullptr : target.deviceData<float>(), rows, classes,
@@ -85,7 +108,7 @@ void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, i
 }
 
 int64_t countCorrect(const Tensor& output, const Tensor& target) {
-  requireMatrix(output, "accuracy");
+  if (output.dtype() != DType::Float32) throw TypeMismatch(makeString("accuracy: expected float32 output, got ", dtypeName(output.dtype())));
   checkClassTarget(output.shape(), target, "accuracy");
   Tensor sum = scalarSum(output);
   addCorrectCount(output, targetOnDevice(output, target), sum, 0);
@@ -93,7 +116,8 @@ int64_t countCorrect(const Tensor& output, const Tensor& target) {
 }
 
 double accuracy(const Tensor& output, const Tensor& target) {
-  return static_cast<double>(countCorrect(output, target)) / static_cast<double>(output.size(0));
+  const int64_t classes = output.dim() ? output.size(output.dim() - 1) : 1;
+  return static_cast<double>(countCorrect(output, target)) / static_cast<double>(output.numel() / std::max<int64_t>(classes, 1));
 }
 
 }  // namespace cyxwiz::nn

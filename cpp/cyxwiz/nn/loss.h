@@ -1,7 +1,8 @@
 // Loss: forward(output, target) -> batch mean; backward(output, target) -> d(mean)/d(output).
 //
-// Targets are either class indices (int64, shape (N,)) or rows of the output's shape (one-hot or
-// probabilities for CrossEntropyLoss, regression targets for MSELoss), float32.
+// Targets are either class indices (int64, shape (N,), or (N, T) for an (N, T, classes) output: one per
+// position of a sequence) or rows of the output's shape (one-hot or probabilities for CrossEntropyLoss,
+// regression targets for MSELoss), float32. The mean is over terms(): rows, or every position.
 //
 // forward/backward check the target and copy it to the output's device on every call, and forward
 // reads its result back to the host. A training loop that wants neither (DistributedTrainer) checks
@@ -24,28 +25,33 @@ class Loss {
   virtual bool takesClassIndices() const = 0;
 
   double forward(const Tensor& output, const Tensor& target);
+  // How many terms the mean of an output of this shape averages: its rows (N), or for a loss over
+  // sequences every position (N * T of an (N, T, classes) output).
+  virtual int64_t terms(const Shape& outputShape) const { return outputShape.at(0); }
   Tensor backward(const Tensor& output, const Tensor& target);
 
   // Throws (naming `who`) unless `target` fits a float32 output of `outputShape`.
   virtual void checkTarget(const Shape& outputShape, const Tensor& target, const std::string& who) const = 0;
   // checkTarget for `output` (a float32 tensor), then `target` on the output's device.
   Tensor prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const;
-  // sums[index] += the batch's loss summed over its rows (rows * mean), with `sums` a float64 tensor
+  // sums[index] += the batch's loss summed over its terms (terms * mean), with `sums` a float64 tensor
   // on the output's device and `target` from prepareTarget. No host read.
   virtual void addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const = 0;
   // d(mean)/d(output), `target` from prepareTarget.
   virtual Tensor gradient(const Tensor& output, const Tensor& target) const = 0;
 };
 
-// Fraction of rows whose argmax equals the class index (or the target row's argmax).
+// Fraction of rows (every position of a sequence output) whose argmax equals the class index (or the
+// target row's argmax).
 double accuracy(const Tensor& output, const Tensor& target);
 // Number of such rows, for callers that reduce counts across ranks.
 int64_t countCorrect(const Tensor& output, const Tensor& target);
 // sums[index] += that number, `target` checked by checkClassTarget and on the output's device.
 void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index);
 
-// Throws unless `target` is (N,) int64 class indices in [0, classes) or a float32 (N, classes) matrix,
-// for an output of shape (N, classes). Returns true for class indices. Labels on a GPU are copied to
+// Throws unless `target` is int64 class indices in [0, classes) of the output's shape without its last
+// dimension ((N,) for (N, classes), (N, T) for (N, T, classes)) or float32 rows of the output's shape.
+// Returns true for class indices. Labels on a GPU are copied to
 // the host for the range check.
 bool checkClassTarget(const Shape& outputShape, const Tensor& target, const std::string& who);
 // `target` on the output's device (copied when it is not).

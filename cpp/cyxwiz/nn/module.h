@@ -62,6 +62,9 @@ class Module {
   virtual Shape outputShape(const Shape& input) const { return input; }
   // False for layers with CPU kernels only: SequentialModel.to("cuda") then says which layer cannot move.
   virtual bool runsOnGpu() const { return true; }
+  // True for a layer whose input is token ids (EmbeddingModule): the bindings then pass integer arrays
+  // as int64 instead of converting them to float32.
+  virtual bool takesIndices() const { return false; }
 
   void zeroGrad();
   int64_t numParameters();

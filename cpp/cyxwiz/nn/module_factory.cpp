@@ -8,9 +8,12 @@
 #include "cyxwiz/nn/batchnorm.h"
 #include "cyxwiz/nn/conv2d.h"
 #include "cyxwiz/nn/dropout.h"
+#include "cyxwiz/nn/embedding.h"
 #include "cyxwiz/nn/gelu.h"
+#include "cyxwiz/nn/layernorm.h"
 #include "cyxwiz/nn/linear.h"
 #include "cyxwiz/nn/pool2d.h"
+#include "cyxwiz/nn/positional.h"
 #include "cyxwiz/nn/relu.h"
 #include "cyxwiz/nn/residual.h"
 #include "cyxwiz/nn/sigmoid.h"
@@ -78,6 +81,20 @@ std::vector<ParameterShape> batchNormShapes(const ModuleSpec& s) {
           {"num_batches_tracked", DType::Int64, {}, true}};
 }
 
+// LayerNorm's normalized_shape: attributes dims, dim0, dim1, ...
+Shape layerNormShape(const ModuleSpec& s) {
+  const int64_t dims = positiveAttr(s, "dims");
+  if (dims > 8) throw InvalidArgument(makeString("LayerNormModule: ", dims, " normalised dimensions is not a valid layer"));
+  Shape shape;
+  int64_t total = 1;
+  for (int64_t i = 0; i < dims; ++i) {
+    shape.push_back(positiveAttr(s, "dim" + std::to_string(i)));
+    total *= shape.back();
+    if (total > (int64_t(1) << 32)) throw InvalidArgument("LayerNormModule: normalized_shape is too large");
+  }
+  return shape;
+}
+
 std::shared_ptr<Module> makeBatchNorm(const ModuleSpec& s, int dims) {
   auto bn = std::make_shared<BatchNormModule>(dims, positiveAttr(s, "num_features"), attr(s, "eps"), attr(s, "momentum"));
   bn->setSynchronized(optionalAttr(s, "sync", 0.0) != 0.0);
@@ -133,6 +150,29 @@ const LayerType& layerType(const ModuleSpec& spec) {
                                             false);
         },
         none}},
+      {"LayerNormModule",
+       leaf([](const ModuleSpec& s) { return std::make_shared<LayerNormModule>(layerNormShape(s), attr(s, "eps")); },
+            [](const ModuleSpec& s) {
+              const Shape shape = layerNormShape(s);
+              return std::vector<ParameterShape>{{"weight", DType::Float32, shape}, {"bias", DType::Float32, shape}};
+            })},
+      {"EmbeddingModule",
+       leaf([](const ModuleSpec& s) {
+          return std::make_shared<EmbeddingModule>(positiveAttr(s, "num_embeddings"), positiveAttr(s, "embedding_dim"));
+        },
+        [](const ModuleSpec& s) {
+          return std::vector<ParameterShape>{
+              {"weight", DType::Float32, {positiveAttr(s, "num_embeddings"), positiveAttr(s, "embedding_dim")}}};
+        })},
+      {"PositionalEncodingModule",
+       leaf([](const ModuleSpec& s) {
+          return std::make_shared<PositionalEncodingModule>(positiveAttr(s, "max_len"), positiveAttr(s, "dim"),
+                                                            attr(s, "learned") != 0.0);
+        },
+        [](const ModuleSpec& s) {
+          if (attr(s, "learned") == 0.0) return std::vector<ParameterShape>{};
+          return std::vector<ParameterShape>{{"weight", DType::Float32, {positiveAttr(s, "max_len"), positiveAttr(s, "dim")}}};
+        })},
       {"ReLUModule", leaf([](const ModuleSpec&) { return std::make_shared<ReLUModule>(); })},
       {"LeakyReLUModule", leaf([](const ModuleSpec& s) { return std::make_shared<LeakyReLUModule>(attr(s, "negative_slope")); })},
       {"ELUModule", leaf([](const ModuleSpec& s) { return std::make_shared<ELUModule>(attr(s, "alpha")); })},

@@ -17,6 +17,8 @@ class SequentialModel {
  public:
   void add(std::shared_ptr<Module> module);
   size_t size() const { return modules_.size(); }
+  // Whether its input is token ids (its first layer is an EmbeddingModule).
+  bool takesIndices() const { return !modules_.empty() && modules_[0]->takesIndices(); }
   const std::shared_ptr<Module>& at(size_t i) const;
   const std::vector<std::shared_ptr<Module>>& modules() const { return modules_; }
 

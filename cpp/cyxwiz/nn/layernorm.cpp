@@ -1,0 +1,145 @@
+#include "cyxwiz/nn/layernorm.h"
+
+#include <cmath>
+
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/common/parallel.h"
+
+namespace cyxwiz::nn {
+
+namespace {
+
+std::string shapeText(const Shape& s) {
+  if (s.size() == 1) return std::to_string(s[0]);
+  return shapeString(s);
+}
+
+// Rows per thread task: about 16K values.
+int64_t rowGrain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)); }
+
+}  // namespace
+
+LayerNormModule::LayerNormModule(Shape normalizedShape, double eps) : shape_(std::move(normalizedShape)), eps_(eps) {
+  CYX_CHECK(!shape_.empty(), "LayerNormModule: normalized_shape must name at least one dimension");
+  width_ = 1;
+  for (int64_t d : shape_) {
+    CYX_CHECK(d > 0, "LayerNormModule(", shapeText(shape_), "): every dimension of normalized_shape must be positive");
+    width_ *= d;
+  }
+  CYX_CHECK(eps > 0 && std::isfinite(eps), "LayerNormModule(", shapeText(shape_), ", eps=", eps, "): eps must be positive");
+  weight_ = {"weight", Tensor::empty(shape_), Tensor::zeros(shape_)};
+  weight_.value.fill(1.0);
+  bias_ = {"bias", Tensor::zeros(shape_), Tensor::zeros(shape_)};
+}
+
+Shape LayerNormModule::outputShape(const Shape& input) const {
+  if (input.empty()) return input;
+  bool ok = input.size() >= shape_.size() + 1;
+  for (size_t i = 0; ok && i < shape_.size(); ++i) {
+    const int64_t d = input[input.size() - shape_.size() + i];
+    ok = d < 0 || d == shape_[i];
+  }
+  if (!ok) {
+    throw InvalidArgument(makeString(repr(), " normalises the trailing dimensions ", shapeString(shape_), " of (N, ..., ",
+                                     shapeText(shape_), "), got ", describeShape(input)));
+  }
+  return input;
+}
+
+Tensor LayerNormModule::forward(const Tensor& input) {
+  if (input.dtype() != DType::Float32) {
+    throw TypeMismatch(makeString(repr(), ".forward: expected float32 input, got ", dtypeName(input.dtype())));
+  }
+  CYX_CHECK(!input.isCuda(), repr(), " has CPU kernels only and its input is on ", input.device().str());
+  outputShape(input.shape());
+  const int64_t rows = input.numel() / width_, D = width_;
+  mean_.assign(static_cast<size_t>(rows), 0.0f);
+  rstd_.assign(static_cast<size_t>(rows), 0.0f);
+  Tensor output = Tensor::empty(input.shape());
+  const float* x = input.data<float>();
+  const float* w = weight_.value.data<float>();
+  const float* b = bias_.value.data<float>();
+  float* y = output.data<float>();
+  parallelFor(rows, rowGrain(D), [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const float* xr = x + r * D;
+      // Two passes in double: the mean, then the squared deviations (no cancellation).
+      double sum = 0.0;
+      for (int64_t i = 0; i < D; ++i) sum += xr[i];
+      const double mean = sum / static_cast<double>(D);
+      double squares = 0.0;
+      for (int64_t i = 0; i < D; ++i) squares += (xr[i] - mean) * (xr[i] - mean);
+      const float m = static_cast<float>(mean);
+      const float rstd = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(D) + eps_));
+      mean_[static_cast<size_t>(r)] = m;
+      rstd_[static_cast<size_t>(r)] = rstd;
+      float* yr = y + r * D;
+      for (int64_t i = 0; i < D; ++i) yr[i] = (xr[i] - m) * rstd * w[i] + b[i];
+    }
+  });
+  input_ = keepForBackward(input);
+  return output;
+}
+
+Tensor LayerNormModule::backward(const Tensor& gradOutput) {
+  checkBackward(input_, gradOutput, input_.shape());
+  const int64_t rows = input_.numel() / width_, D = width_;
+  const float* x = input_.data<float>();
+  const float* g = gradOutput.data<float>();
+  const float* w = weight_.value.data<float>();
+  // Parameter gradients: sums over the rows, column by column, in double.
+  std::vector<double> dw(static_cast<size_t>(D), 0.0), db(static_cast<size_t>(D), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * D;
+    const float* gr = g + r * D;
+    const float m = mean_[static_cast<size_t>(r)], rstd = rstd_[static_cast<size_t>(r)];
+    for (int64_t i = 0; i < D; ++i) {
+      dw[static_cast<size_t>(i)] += static_cast<double>(gr[i]) * ((xr[i] - m) * rstd);
+      db[static_cast<size_t>(i)] += gr[i];
+    }
+  }
+  float* dW = weight_.grad.data<float>();
+  float* dB = bias_.grad.data<float>();
+  for (int64_t i = 0; i < D; ++i) {
+    dW[i] += static_cast<float>(dw[static_cast<size_t>(i)]);
+    dB[i] += static_cast<float>(db[static_cast<size_t>(i)]);
+  }
+  gradsReady();
+  if (!needInputGrad_) return Tensor();
+  // dx = rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = g * weight.
+  Tensor gradInput = Tensor::empty(input_.shape());
+  float* dx = gradInput.data<float>();
+  parallelFor(rows, rowGrain(D), [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const float* xr = x + r * D;
+      const float* gr = g + r * D;
+      const float m = mean_[static_cast<size_t>(r)], rstd = rstd_[static_cast<size_t>(r)];
+      double sumGw = 0.0, sumGwXhat = 0.0;
+      for (int64_t i = 0; i < D; ++i) {
+        const double gw = static_cast<double>(gr[i]) * w[i];
+        sumGw += gw;
+        sumGwXhat += gw * ((xr[i] - m) * rstd);
+      }
+      const float meanGw = static_cast<float>(sumGw / static_cast<double>(D));
+      const float meanGwXhat = static_cast<float>(sumGwXhat / static_cast<double>(D));
+      float* dr = dx + r * D;
+      for (int64_t i = 0; i < D; ++i) {
+        const float xhat = (xr[i] - m) * rstd;
+        dr[i] = rstd * (gr[i] * w[i] - meanGw - xhat * meanGwXhat);
+      }
+    }
+  });
+  return gradInput;
+}
+
+ModuleSpec LayerNormModule::spec() const {
+  ModuleSpec s{typeName(), {{"dims", double(shape_.size())}, {"eps", eps_}}};
+  for (size_t i = 0; i < shape_.size(); ++i) s.attrs["dim" + std::to_string(i)] = double(shape_[i]);
+  return s;
+}
+
+std::string LayerNormModule::repr() const {
+  return makeString("LayerNormModule(", shapeText(shape_), ", eps=", eps_, ")");
+}
+
+}  // namespace cyxwiz::nn

@@ -1,0 +1,89 @@
+#include "cyxwiz/nn/positional.h"
+
+#include <cmath>
+
+#include "cyxwiz/common/error.h"
+#include "cyxwiz/tensor/random.h"
+
+namespace cyxwiz::nn {
+
+PositionalEncodingModule::PositionalEncodingModule(int64_t maxLen, int64_t dim, bool learned)
+    : maxLen_(maxLen), dim_(dim), learned_(learned) {
+  CYX_CHECK(maxLen > 0 && dim > 0, "PositionalEncodingModule(max_len=", maxLen, ", dim=", dim, "): both must be positive");
+  if (learned_) {
+    weight_ = {"weight", Tensor::empty({maxLen_, dim_}), Tensor::zeros({maxLen_, dim_})};
+    float* w = weight_.value.data<float>();
+    fillNormal(w, weight_.value.numel(), globalGenerator());
+    for (int64_t i = 0; i < weight_.value.numel(); ++i) w[i] *= 0.02f;
+    return;
+  }
+  table_ = Tensor::empty({maxLen_, dim_});
+  float* pe = table_.data<float>();
+  for (int64_t p = 0; p < maxLen_; ++p) {
+    for (int64_t i = 0; i < dim_; i += 2) {
+      // In double: the angles reach max_len radians, where float32 would lose the low positions' bits.
+      const double angle = static_cast<double>(p) / std::pow(10000.0, static_cast<double>(i) / static_cast<double>(dim_));
+      pe[p * dim_ + i] = static_cast<float>(std::sin(angle));
+      if (i + 1 < dim_) pe[p * dim_ + i + 1] = static_cast<float>(std::cos(angle));
+    }
+  }
+}
+
+Shape PositionalEncodingModule::outputShape(const Shape& input) const {
+  if (input.empty()) return {-1, -1, dim_};
+  if (input.size() != 3 || (input[2] >= 0 && input[2] != dim_) || input[1] > maxLen_) {
+    throw InvalidArgument(makeString(repr(), " expects input (N, T, ", dim_, ") with T <= ", maxLen_, ", got ",
+                                     describeShape(input)));
+  }
+  return input;
+}
+
+Tensor PositionalEncodingModule::forward(const Tensor& input) {
+  requireInput(input, repr() + ".forward", 3, "(N, T, D)");
+  CYX_CHECK(!input.isCuda(), repr(), " has CPU kernels only and its input is on ", input.device().str());
+  outputShape(input.shape());
+  const int64_t N = input.size(0), TD = input.size(1) * dim_;
+  const float* pe = learned_ ? weight_.value.data<float>() : table_.data<float>();
+  const float* x = input.data<float>();
+  Tensor output = Tensor::empty(input.shape());
+  float* y = output.data<float>();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t i = 0; i < TD; ++i) y[n * TD + i] = x[n * TD + i] + pe[i];
+  }
+  inputShape_ = input.shape();
+  return output;
+}
+
+Tensor PositionalEncodingModule::backward(const Tensor& gradOutput) {
+  if (inputShape_.empty()) throw InvalidArgument(repr() + ".backward called before forward; run forward on the batch first");
+  if (gradOutput.dtype() != DType::Float32 || gradOutput.shape() != inputShape_) {
+    throw InvalidArgument(makeString(repr(), ".backward: expected a float32 gradient of shape ", shapeString(inputShape_),
+                                     ", got ", dtypeName(gradOutput.dtype()), " ", shapeString(gradOutput.shape())));
+  }
+  if (learned_) {
+    const int64_t N = inputShape_[0], TD = inputShape_[1] * dim_;
+    const float* g = gradOutput.data<float>();
+    float* dw = weight_.grad.data<float>();
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t i = 0; i < TD; ++i) dw[i] += g[n * TD + i];
+    }
+  }
+  gradsReady();
+  if (!needInputGrad_) return Tensor();
+  return gradOutput.clone();
+}
+
+std::vector<Parameter*> PositionalEncodingModule::parameters() {
+  if (learned_) return {&weight_};
+  return {};
+}
+
+ModuleSpec PositionalEncodingModule::spec() const {
+  return {typeName(), {{"max_len", double(maxLen_)}, {"dim", double(dim_)}, {"learned", learned_ ? 1.0 : 0.0}}};
+}
+
+std::string PositionalEncodingModule::repr() const {
+  return makeString("PositionalEncodingModule(max_len=", maxLen_, ", dim=", dim_, learned_ ? ", learned=True" : "", ")");
+}
+
+}  // namespace cyxwiz::nn

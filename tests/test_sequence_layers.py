@@ -1,0 +1,289 @@
+"""Sequence-model layers against torch (float32, copied weights) and finite differences: LinearModule on
+the last dimension of any input, LayerNormModule and EmbeddingModule; their model files; DDP with an
+embedding's dense gradient (2 ranks x 4 sequences == 1 process x 8).
+
+torch is the oracle for forward values, input gradients and parameter gradients (bound: 1e-5 of the
+largest value of the oracle's tensor); the finite-difference checks use tests/test_gradients.py's
+helpers and tolerances.
+"""
+
+import numpy as np
+import pytest
+
+import pycyxwiz as cx
+from test_conv_layers import assert_rel_close, compare_module, copy_params
+from test_ddp import PRELUDE, assert_same_digest, reports_of
+from test_gradients import check_module_gradients
+
+torch = pytest.importorskip("torch")
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("shape", [(4, 6), (3, 5, 6), (2, 3, 4, 6)], ids=["rows", "sequences", "4d"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_on_the_last_dimension_matches_torch(shape, bias):
+    torch.manual_seed(0)
+    theirs = torch.nn.Linear(6, 7, bias=bias)
+    ours = cx.LinearModule(6, 7, bias=bias)
+    copy_params(ours, theirs)
+    compare_module(ours, theirs, rand(*shape), f"Linear on {shape}")
+
+
+def test_a_linear_relu_pair_on_sequences_matches_torch():
+    """SequentialModel fuses Linear + ReLU: the fused path on (N, T, D) input too."""
+    torch.manual_seed(1)
+    theirs = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    ours = cx.SequentialModel()
+    for layer in (cx.LinearModule(8, 16), cx.ReLUModule(), cx.LinearModule(16, 3)):
+        ours.add(layer)
+    copy_params(ours, theirs)
+    compare_module(ours, theirs, rand(4, 5, 8), "Linear-ReLU-Linear on (4, 5, 8)")
+    assert ours.output_shape((5, 8)) == (None, 5, 3)
+
+
+def test_linear_names_the_expected_width():
+    with pytest.raises(ValueError, match=r"expected input of shape \(batch, 6\) or \(\.\.\., 6\), got \(2, 3, 5\)"):
+        cx.LinearModule(6, 2).forward(rand(2, 3, 5))
+
+
+@pytest.mark.parametrize("normalized,shape", [(16, (4, 16)), (16, (3, 5, 16)), ((4, 6), (2, 3, 4, 6))],
+                         ids=["rows", "sequences", "two-dims"])
+def test_layernorm_matches_torch(normalized, shape):
+    torch.manual_seed(0)
+    theirs = torch.nn.LayerNorm(normalized)
+    with torch.no_grad():  # not the initial ones and zeros: the affine part must be exercised
+        theirs.weight.copy_(torch.randn(theirs.weight.shape))
+        theirs.bias.copy_(torch.randn(theirs.bias.shape))
+    ours = cx.LayerNormModule(normalized)
+    copy_params(ours, theirs)
+    x = rand(*shape) * 3 + 5  # an offset mean: the two-pass variance must not cancel
+    compare_module(ours, theirs, x, f"LayerNorm{normalized} on {shape}")
+
+
+def test_layernorm_gradients_by_finite_differences():
+    ln = cx.LayerNormModule(5, eps=1e-3)
+    w, b = ln.parameters()
+    w[...] = rand(5, seed=3)
+    b[...] = rand(5, seed=4)
+    check_module_gradients(ln, rand(3, 4, 5, seed=5), seed=6)
+
+
+def test_layernorm_refuses_other_trailing_dimensions():
+    with pytest.raises(ValueError, match=r"normalises the trailing dimensions \(4, 6\).*got \(2, 6, 4\)"):
+        cx.LayerNormModule((4, 6)).forward(rand(2, 6, 4))
+    with pytest.raises(ValueError, match="must be positive"):
+        cx.LayerNormModule(0)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.float32])
+def test_embedding_matches_torch(dtype):
+    torch.manual_seed(0)
+    theirs = torch.nn.Embedding(11, 6)
+    ours = cx.EmbeddingModule(11, 6)
+    copy_params(ours, theirs)
+    ids = np.random.default_rng(0).integers(0, 11, (4, 7))
+    ids[0, :3] = 5  # a repeated id: its gradient rows add up
+    y = ours.forward(ids.astype(dtype))
+    yt = theirs(torch.tensor(ids))
+    assert_rel_close(y, yt.detach().numpy(), "Embedding forward")
+    g = rand(4, 7, 6, seed=1)
+    yt.backward(torch.tensor(g))
+    ours.zero_grad()
+    assert ours.backward(g) is None  # token ids have no gradient
+    assert_rel_close(ours.gradients()[0], theirs.weight.grad.numpy(), "Embedding weight gradient")
+
+
+def test_embedding_initialisation_is_standard_normal():
+    cx.manual_seed(0)
+    (w,) = cx.EmbeddingModule(1000, 64).parameters()
+    assert abs(float(w.mean())) < 0.01 and abs(float(w.std()) - 1.0) < 0.01, (w.mean(), w.std())
+
+
+def test_embedding_refuses_bad_ids_naming_id_and_position():
+    emb = cx.EmbeddingModule(10, 4)
+    with pytest.raises(ValueError, match=r"token id 12 at position \(1, 2\) is outside the vocabulary \[0, 10\)"):
+        emb.forward(np.array([[1, 2, 3], [4, 5, 12]]))
+    with pytest.raises(ValueError, match=r"token id -1 at position \(0, 0\)"):
+        emb.forward(np.array([[-1, 2]]))
+    with pytest.raises(ValueError, match=r"token id 1\.5 at position \(0, 1\) is not an integer"):
+        emb.forward(np.array([[1.0, 1.5]], dtype=np.float32))
+
+
+def test_sinusoidal_positions_follow_the_papers_formula():
+    """pe[p, 2i] = sin(p / 10000^(2i/D)), pe[p, 2i+1] = cos(...), added to every sequence of the batch."""
+    T, D = 37, 10
+    pos = np.arange(T)[:, None]
+    angle = pos / np.power(10000.0, np.arange(0, D, 2) / D)
+    pe = np.zeros((T, D))
+    pe[:, 0::2], pe[:, 1::2] = np.sin(angle), np.cos(angle)
+    layer = cx.PositionalEncodingModule(64, D)
+    x = rand(3, T, D)
+    np.testing.assert_allclose(layer.forward(x), x + pe[None], rtol=0, atol=1e-6)
+    assert layer.parameters() == [] and np.array_equal(layer.backward(x), x)
+
+
+def test_learned_positions_by_finite_differences():
+    cx.manual_seed(0)
+    layer = cx.PositionalEncodingModule(6, 4, learned=True)
+    (w,) = layer.parameters()
+    assert w.shape == (6, 4) and 0.01 < float(w.std()) < 0.03  # GPT-2's N(0, 0.02^2)
+    check_module_gradients(layer, rand(2, 5, 4, seed=8), seed=9)
+
+
+def test_positions_refuse_longer_sequences():
+    with pytest.raises(ValueError, match=r"expects input \(N, T, 8\) with T <= 4, got \(2, 5, 8\)"):
+        cx.PositionalEncodingModule(4, 8).forward(rand(2, 5, 8))
+
+
+def language_model(vocab=13, dim=8, seq=5, classes=4):
+    m = cx.SequentialModel()
+    for layer in (cx.EmbeddingModule(vocab, dim), cx.PositionalEncodingModule(16, dim), cx.LayerNormModule(dim),
+                  cx.LinearModule(dim, dim), cx.GELUModule(), cx.FlattenModule(), cx.LinearModule(seq * dim, classes)):
+        m.add(layer)
+    return m
+
+
+def test_a_token_model_matches_torch_and_survives_its_model_file(tmp_path):
+    torch.manual_seed(0)
+    class Positions(torch.nn.Module):  # the sinusoidal table, taken from ours (checked on its own above)
+        def __init__(self, table):
+            super().__init__()
+            self.table = torch.tensor(table)
+
+        def forward(self, x):
+            return x + self.table[: x.shape[1]]
+
+    ours = language_model()
+    table = ours[1].forward(np.zeros((1, 16, 8), np.float32))[0]
+    theirs = torch.nn.Sequential(torch.nn.Embedding(13, 8), Positions(table), torch.nn.LayerNorm(8), torch.nn.Linear(8, 8),
+                                 torch.nn.GELU(), torch.nn.Flatten(), torch.nn.Linear(40, 4))
+    copy_params(ours, theirs)
+    ids = np.random.default_rng(2).integers(0, 13, (6, 5))
+    y = ours.forward(ids)
+    yt = theirs(torch.tensor(ids))
+    assert_rel_close(y, yt.detach().numpy(), "token model forward")
+    g = rand(6, 4, seed=3)
+    yt.backward(torch.tensor(g))
+    ours.zero_grad()
+    ours.backward(g)
+    for (name, _), grad in zip(ours.named_parameters(), ours.gradients()):
+        assert_rel_close(grad, dict(theirs.named_parameters())[name].grad.numpy(), f"gradient of {name}")
+    assert ours.output_shape((5,)) == (None, 4)
+    path = tmp_path / "tokens.cyxmodel"
+    ours.save(str(path))
+    back = cx.SequentialModel.load(str(path))
+    assert repr(back) == repr(ours)
+    np.testing.assert_array_equal(back.forward(ids), y)
+
+
+DDP_TOKENS = PRELUDE + r'''
+def lm(seed=0):
+    cx.manual_seed(seed)
+    m = cx.SequentialModel()
+    for layer in (cx.EmbeddingModule(13, 8), cx.PositionalEncodingModule(8, 8, learned=True), cx.LayerNormModule(8),
+                  cx.LinearModule(8, 8), cx.GELUModule(), cx.FlattenModule(), cx.LinearModule(40, 4)):
+        m.add(layer)
+    return m
+
+
+def tokens(step, n):
+    rng = np.random.default_rng([7, step])
+    return rng.integers(0, 13, (n, 5)), rng.integers(0, 4, n).astype(np.int64)
+
+
+STEPS, N = 4, 8
+B = N // WS
+D.init()
+ddp = D.DistributedDataParallel(lm())
+opt = cx.SGDOptimizer(0.1, momentum=0.9)
+for step in range(STEPS):
+    X, y = tokens(step, N)
+    out = ddp.forward(shard(X, B))
+    ddp.backward(LOSS.backward(out, shard(y, B)))
+    ddp.update_parameters(opt)
+one = lm()
+opt1 = cx.SGDOptimizer(0.1, momentum=0.9)
+for step in range(STEPS):
+    X, y = tokens(step, N)
+    out = one.forward(X)
+    one.zero_grad()
+    one.backward(LOSS.backward(out, y))
+    opt1.step(one)
+worst = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(ddp.parameters(), one.parameters()))
+finish(digest=digest(ddp.parameters()), worst=worst)
+'''
+
+
+def test_ddp_with_an_embedding_two_ranks_equal_one_process(ranks):
+    """The embedding's dense gradient travels in DDP's buckets: 2 ranks x 4 sequences end where
+    1 process x 8 ends after four SGD steps (1e-5 of the largest value), bit-identical on the ranks."""
+    reports = reports_of(ranks, ranks.run(DDP_TOKENS, 2, timeout=60), 2)
+    worst = max(rep["worst"] for rep in reports)
+    assert worst <= 1e-5, f"2 ranks x 4 differ from 1 x 8 by {worst:.3g} of the largest value"
+    assert_same_digest(reports)
+
+
+# ------------------------------------------------------------------ cross-entropy over sequences
+
+def test_cross_entropy_over_sequences_matches_torch():
+    """(N, T, V) logits with (N, T) class indices, or (N, T, V) probabilities: the mean over every
+    position, as torch's cross_entropy on the flattened positions."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    y = rng.integers(0, 7, (3, 5))
+    p = rng.random((3, 5, 7)).astype(np.float32)
+    p /= p.sum(-1, keepdims=True)
+    loss = cx.CrossEntropyLoss()
+    for target, torch_target in ((y, torch.tensor(y).reshape(-1)), (p, torch.tensor(p).reshape(-1, 7))):
+        xt = torch.tensor(x, requires_grad=True)
+        want = torch.nn.functional.cross_entropy(xt.reshape(-1, 7), torch_target)
+        want.backward()
+        assert abs(loss.forward(x, target) - want.item()) <= 1e-6 * abs(want.item())
+        assert_rel_close(loss.backward(x, target), xt.grad.numpy(), "cross-entropy gradient over sequences")
+    hits = (x.argmax(-1) == y).mean()
+    assert cx.accuracy(x, y) == pytest.approx(hits)
+
+
+def test_cross_entropy_over_sequences_names_the_bad_label():
+    x = np.zeros((2, 3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"target class 9 at position \(1, 2\) is out of range for 4 classes"):
+        cx.CrossEntropyLoss().forward(x, np.array([[0, 1, 2], [3, 0, 9]]))
+    with pytest.raises(ValueError, match=r"an output of shape \(2, 3, 4\) takes class indices of shape \(2, 3\), got \(2, 4\)"):
+        cx.CrossEntropyLoss().forward(x, np.zeros((2, 4), np.int64))
+
+
+FIT_TOKENS = PRELUDE + r'''
+# Next-token prediction on a repeating 5-symbol pattern: each window (N, T) of ids predicts the ids one
+# step on, (N, T); an (N, T, V) output and cross-entropy over every position, through fit and evaluate.
+V, T = 5, 6
+pattern = np.arange(200) % V
+starts = np.arange(0, 180, 3)
+X = np.stack([pattern[s:s + T] for s in starts]).astype(np.float32)  # ids as the trainer's float32
+y = np.stack([pattern[s + 1:s + T + 1] for s in starts]).astype(np.int64)
+D.init()
+cx.manual_seed(0)
+model = cx.SequentialModel()
+for layer in (cx.EmbeddingModule(V, 16), cx.LayerNormModule(16), cx.LinearModule(16, V)):
+    model.add(layer)
+trainer = D.DistributedTrainer(model, cx.CrossEntropyLoss(), cx.AdamOptimizer(0.05))
+config = D.DistributedTrainingConfig()
+config.epochs, config.batch_size, config.verbose = 15, 8, False
+history = trainer.fit(X, y, config)
+val_loss, val_acc = trainer.evaluate(X, y)
+out = trainer.predict(X)
+logits = out - out.max(-1, keepdims=True)
+per_position = np.log(np.exp(logits).sum(-1)) - np.take_along_axis(logits, y[..., None], -1)[..., 0]
+close("evaluate's loss against numpy's mean over every position", val_loss, per_position.mean(), rtol=1e-4, atol=1e-6)
+close("evaluate's accuracy over every position", val_acc, (out.argmax(-1) == y).mean(), rtol=0, atol=1e-12)
+expect(history.train_losses[-1] < 0.05 * history.train_losses[0], f"did not learn the pattern: {history.train_losses}")
+expect(val_acc == 1.0, f"accuracy {val_acc} on a deterministic pattern")
+finish(digest=digest(model.parameters()))
+'''
+
+
+def test_fit_and_evaluate_a_next_token_model_on_two_ranks(ranks):
+    reports = reports_of(ranks, ranks.run(FIT_TOKENS, 2, timeout=90), 2)
+    assert_same_digest(reports)
