@@ -178,6 +178,21 @@ def test_cnn_digits_two_ranks_reach_98_percent(ranks, tmp_path):
     check_model(tmp_path / "cnn.cyxmodel", features=(1, 8, 8))
 
 
+# ---- examples/char_lm.py --------------------------------------------------------------------------
+
+def test_char_lm_two_ranks_beat_the_unigram_entropy(ranks):
+    """Issue 35's target: a 2-block character model trained through fit on 2 ranks reaches a held-out
+    loss at most 0.6x the text's unigram entropy (the source of argparse), and writes a sample."""
+    (out0, err0), (out1, _) = run_by_hand(ranks, 2, python("char_lm.py", "--epochs", "6", "--sample", "80"))
+    assert out1.strip() == "", "rank 1 printed on stdout:\n" + out1
+    m = re.search(r"held-out loss ([0-9.]+) nats/char .* unigram entropy ([0-9.]+); ratio ([0-9.]+)", out0)
+    assert m, out0 + err0
+    loss, entropy = float(m.group(1)), float(m.group(2))
+    assert 2.0 < entropy < 4.0 and loss <= 0.6 * entropy, out0
+    sample = out0.split("sample:\n", 1)[1]
+    assert len(sample.rstrip("\n")) >= 80, out0
+
+
 def test_digits_without_sklearn_says_so(ranks, tmp_path):
     """Without scikit-learn the example exits with a message naming the package, not a traceback."""
     (tmp_path / "sklearn.py").write_text("raise ImportError('scikit-learn is not installed (simulated)')\n")

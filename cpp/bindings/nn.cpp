@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "cyxwiz/nn/activations.h"
+#include "cyxwiz/nn/attention.h"
 #include "cyxwiz/nn/batchnorm.h"
 #include "cyxwiz/nn/conv2d.h"
 #include "cyxwiz/nn/dropout.h"
@@ -12,12 +13,14 @@
 #include "cyxwiz/nn/positional.h"
 #include "cyxwiz/nn/residual.h"
 #include "cyxwiz/nn/gelu.h"
+#include "cyxwiz/nn/generate.h"
 #include "cyxwiz/nn/linear.h"
 #include "cyxwiz/nn/relu.h"
 #include "cyxwiz/nn/sequential.h"
 #include "cyxwiz/nn/sigmoid.h"
 #include "cyxwiz/nn/softmax.h"
 #include "cyxwiz/nn/tanh.h"
+#include "cyxwiz/nn/transformer.h"
 #include "cyxwiz/device/cuda.h"
 #include "gil.h"
 #include "numpy_convert.h"
@@ -238,6 +241,21 @@ bias (out_channels); kernel_size, stride, padding and dilation are an int or a (
       .def_property_readonly("max_len", &PositionalEncodingModule::maxLen)
       .def_property_readonly("dim", &PositionalEncodingModule::dim)
       .def_property_readonly("learned", &PositionalEncodingModule::learned);
+  py::class_<MultiHeadAttentionModule, Module, std::shared_ptr<MultiHeadAttentionModule>>(m, "MultiHeadAttentionModule",
+      "Self-attention over (N, T, embed_dim), as torch.nn.MultiheadAttention(batch_first=True) with query = key = "
+      "value; causal=True masks the keys after each query.")
+      .def(py::init<int64_t, int64_t, bool, double, bool>(), py::arg("embed_dim"), py::arg("num_heads"),
+           py::arg("causal") = false, py::arg("dropout") = 0.0, py::arg("bias") = true)
+      .def_property_readonly("embed_dim", &MultiHeadAttentionModule::embedDim)
+      .def_property_readonly("num_heads", &MultiHeadAttentionModule::numHeads)
+      .def_property_readonly("causal", &MultiHeadAttentionModule::causal)
+      .def_property_readonly("dropout", &MultiHeadAttentionModule::dropout);
+  py::class_<TransformerEncoderModule, Module, std::shared_ptr<TransformerEncoderModule>>(m, "TransformerEncoderModule",
+      "One Transformer encoder block over (N, T, d_model), as torch.nn.TransformerEncoderLayer(batch_first=True); "
+      "norm_first=True is the pre-norm block, causal=True masks the keys after each query.")
+      .def(py::init<int64_t, int64_t, int64_t, double, const std::string&, bool, bool, double>(), py::arg("d_model"),
+           py::arg("nhead"), py::arg("dim_feedforward") = 2048, py::arg("dropout") = 0.1, py::arg("activation") = "gelu",
+           py::arg("causal") = false, py::arg("norm_first") = true, py::arg("layer_norm_eps") = 1e-5);
   py::class_<LeakyReLUModule, Module, std::shared_ptr<LeakyReLUModule>>(m, "LeakyReLUModule")
       .def(py::init<double>(), py::arg("negative_slope") = 0.01)
       .def_property_readonly("negative_slope", &LeakyReLUModule::negativeSlope);
@@ -332,6 +350,16 @@ than that forms one per pair or layer. eval() forwards are unaffected; not saved
 )pbdoc")
       .def_property_readonly("gradient_checkpointing", &SequentialModel::gradientCheckpointing,
                              "The segments set by set_gradient_checkpointing (0: off).")
+      .def("generate", [](SequentialModel& self, py::handle prompt, int64_t maxNewTokens, double temperature,
+                          std::optional<int64_t> topK, uint64_t seed) {
+        const Tensor ids = cyxwiz::bindings::modelInput(prompt, true, "generate prompt_ids");
+        Tensor out;
+        { cyxwiz::bindings::BlockingCall unlocked; out = generate(self, ids, maxNewTokens, temperature, topK, seed); }
+        return toNumpy(out);
+      }, py::arg("prompt_ids"), py::arg("max_new_tokens"), py::arg("temperature") = 1.0, py::arg("top_k") = py::none(),
+         py::arg("seed") = 0,
+         "A causal language model's continuation of prompt_ids ((T,) or (N, T) ints): (N, T + max_new_tokens) ids, "
+         "sampled from softmax(logits / temperature) (the top_k largest when given; temperature 0: argmax).")
       .def("summary", [](const SequentialModel& self, py::handle in) { return self.summary(sampleShape(in)); },
            py::arg("input_shape") = py::none(),
            "A table of the layers, their output shapes and parameter counts; input_shape: an int (features) or "

@@ -68,10 +68,11 @@ Tensor floatTensor(py::handle obj, const char* what) {
 }
 
 Tensor modelInput(py::handle obj, bool indices, const char* what) {
-  if (indices && py::isinstance<py::array>(obj)) {
-    const char kind = py::reinterpret_borrow<py::array>(obj).dtype().kind();
+  if (indices && !py::isinstance<Tensor>(obj) && !isCudaArray(obj)) {
+    py::array arr = py::array::ensure(obj);  // a list of ints becomes an integer array
+    const char kind = arr ? arr.dtype().kind() : 'f';
     if (kind == 'i' || kind == 'u') {
-      return wrap(py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(obj));
+      return wrap(py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr));
     }
   }
   return floatTensor(obj, what);

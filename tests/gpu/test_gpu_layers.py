@@ -525,8 +525,9 @@ def test_cublaslt_epilogues_match_the_unfused_path(tmp_path):
 
 
 @pytest.mark.parametrize("make", [lambda: cx.EmbeddingModule(13, 8), lambda: cx.LayerNormModule(8),
-                                  lambda: cx.PositionalEncodingModule(16, 8)],
-                         ids=["embedding", "layernorm", "positions"])
+                                  lambda: cx.PositionalEncodingModule(16, 8), lambda: cx.MultiHeadAttentionModule(8, 2),
+                                  lambda: cx.TransformerEncoderModule(8, 2, 16)],
+                         ids=["embedding", "layernorm", "positions", "attention", "transformer"])
 def test_cpu_only_layers_refuse_the_gpu_naming_the_layer(gpu, make):
     """The sequence layers have CPU kernels only so far: moving a model that holds one is refused before
     anything moves, naming the layer, and the model stays usable on the CPU."""

@@ -5,6 +5,7 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/nn/activations.h"
+#include "cyxwiz/nn/attention.h"
 #include "cyxwiz/nn/batchnorm.h"
 #include "cyxwiz/nn/conv2d.h"
 #include "cyxwiz/nn/dropout.h"
@@ -19,6 +20,7 @@
 #include "cyxwiz/nn/sigmoid.h"
 #include "cyxwiz/nn/softmax.h"
 #include "cyxwiz/nn/tanh.h"
+#include "cyxwiz/nn/transformer.h"
 
 namespace cyxwiz::nn {
 
@@ -172,6 +174,38 @@ const LayerType& layerType(const ModuleSpec& spec) {
         [](const ModuleSpec& s) {
           if (attr(s, "learned") == 0.0) return std::vector<ParameterShape>{};
           return std::vector<ParameterShape>{{"weight", DType::Float32, {positiveAttr(s, "max_len"), positiveAttr(s, "dim")}}};
+        })},
+      {"MultiHeadAttentionModule",
+       leaf([](const ModuleSpec& s) {
+          return std::make_shared<MultiHeadAttentionModule>(positiveAttr(s, "embed_dim"), positiveAttr(s, "num_heads"),
+                                                            attr(s, "causal") != 0.0, attr(s, "dropout"), attr(s, "bias") != 0.0);
+        },
+        [](const ModuleSpec& s) {
+          const int64_t E = positiveAttr(s, "embed_dim");
+          if (E > (int64_t(1) << 20)) throw InvalidArgument("MultiHeadAttentionModule: embed_dim is too large");
+          const bool bias = attr(s, "bias") != 0.0;
+          std::vector<ParameterShape> shapes{{"in_proj_weight", DType::Float32, {3 * E, E}}};
+          if (bias) shapes.push_back({"in_proj_bias", DType::Float32, {3 * E}});
+          shapes.push_back({"out_proj.weight", DType::Float32, {E, E}});
+          if (bias) shapes.push_back({"out_proj.bias", DType::Float32, {E}});
+          return shapes;
+        })},
+      {"TransformerEncoderModule",
+       leaf([](const ModuleSpec& s) {
+          return std::make_shared<TransformerEncoderModule>(
+              positiveAttr(s, "d_model"), positiveAttr(s, "nhead"), positiveAttr(s, "dim_feedforward"), attr(s, "dropout"),
+              attr(s, "gelu") != 0.0 ? "gelu" : "relu", attr(s, "causal") != 0.0, attr(s, "norm_first") != 0.0, attr(s, "eps"));
+        },
+        [](const ModuleSpec& s) {
+          const int64_t d = positiveAttr(s, "d_model"), ff = positiveAttr(s, "dim_feedforward");
+          if (d > (int64_t(1) << 20) || ff > (int64_t(1) << 24)) throw InvalidArgument("TransformerEncoderModule: too large");
+          return std::vector<ParameterShape>{
+              {"self_attn.in_proj_weight", DType::Float32, {3 * d, d}}, {"self_attn.in_proj_bias", DType::Float32, {3 * d}},
+              {"self_attn.out_proj.weight", DType::Float32, {d, d}}, {"self_attn.out_proj.bias", DType::Float32, {d}},
+              {"linear1.weight", DType::Float32, {ff, d}}, {"linear1.bias", DType::Float32, {ff}},
+              {"linear2.weight", DType::Float32, {d, ff}}, {"linear2.bias", DType::Float32, {d}},
+              {"norm1.weight", DType::Float32, {d}}, {"norm1.bias", DType::Float32, {d}},
+              {"norm2.weight", DType::Float32, {d}}, {"norm2.bias", DType::Float32, {d}}};
         })},
       {"ReLUModule", leaf([](const ModuleSpec&) { return std::make_shared<ReLUModule>(); })},
       {"LeakyReLUModule", leaf([](const ModuleSpec& s) { return std::make_shared<LeakyReLUModule>(attr(s, "negative_slope")); })},

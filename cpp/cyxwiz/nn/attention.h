@@ -1,0 +1,53 @@
+// MultiHeadAttentionModule: self-attention over (N, T, E), as torch.nn.MultiheadAttention(E, H,
+// batch_first=True) called with query = key = value = x: parameters in_proj_weight (3E, E),
+// in_proj_bias (3E), out_proj.weight (E, E), out_proj.bias (E), in torch's order and names.
+//
+// Per sample and head: S = Q K^T / sqrt(E / H), causal positions (key after query) masked to -inf,
+// P = softmax(S) in float32 (stable), dropout on P in training, O = P V; the heads' O side by side
+// go through out_proj. The products are sgemm calls on strided views of the projections (no copies of
+// Q, K, V); forward keeps P (N x H x T x T floats) for backward. CPU kernels.
+#pragma once
+
+#include <vector>
+
+#include "cyxwiz/nn/module.h"
+
+namespace cyxwiz::nn {
+
+class MultiHeadAttentionModule : public Module {
+ public:
+  MultiHeadAttentionModule(int64_t embedDim, int64_t numHeads, bool causal = false, double dropout = 0.0,
+                           bool bias = true);
+
+  std::string typeName() const override { return "MultiHeadAttentionModule"; }
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& gradOutput) override;
+  std::vector<Parameter*> parameters() override;
+  ModuleSpec spec() const override;
+  std::string repr() const override;
+  Shape outputShape(const Shape& input) const override;
+  bool runsOnGpu() const override { return false; }
+
+  int64_t embedDim() const { return embed_; }
+  int64_t numHeads() const { return heads_; }
+  bool causal() const { return causal_; }
+  double dropout() const { return dropout_; }
+  bool hasBias() const { return bias_; }
+
+ protected:
+  void clearCache() override {
+    input_ = qkv_ = attn_ = probs_ = mask_ = Tensor();
+  }
+
+ private:
+  int64_t embed_, heads_;
+  bool causal_;
+  double dropout_;
+  bool bias_;
+  Parameter inWeight_, inBias_, outWeight_, outBias_;
+  // Forward's: the input, the projections (N*T, 3E), the heads' outputs (N*T, E), the attention weights
+  // (N, H, T, T) before dropout, and the dropout mask (scaled keep, 0 or 1/(1-p)) when it applied.
+  Tensor input_, qkv_, attn_, probs_, mask_;
+};
+
+}  // namespace cyxwiz::nn
