@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/common/parallel.h"
 #include "cyxwiz/tensor/blas.h"
 #include "cyxwiz/tensor/random.h"
 
@@ -95,31 +96,32 @@ Tensor MultiHeadAttentionModule::forward(const Tensor& input) {
   attn_ = Tensor::empty({R, E});
   const bool drop = training_ && dropout_ > 0.0;
   mask_ = Tensor();
-  std::vector<float> dropped;
-  if (drop) {
+  if (drop) {  // drawn in order on the caller's thread: the same masks whatever the thread count
     mask_ = Tensor::empty({N, H, T, T});
     const float keep = static_cast<float>(1.0 - dropout_), inv = 1.0f / keep;
     float* m = mask_.data<float>();
     auto& gen = globalGenerator();
     for (int64_t i = 0; i < mask_.numel(); ++i) m[i] = uniform01(gen) < keep ? inv : 0.0f;
-    dropped.resize(static_cast<size_t>(T * T));
   }
   const float* qkv = qkv_.data<float>();
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t h = 0; h < H; ++h) {
+  // One (sample, head) pair a task: each writes its own weights and its own columns of attn_.
+  parallelFor(N * H, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> dropped(drop ? static_cast<size_t>(T * T) : 0);
+    for (int64_t k = first; k < last; ++k) {
+      const int64_t n = k / H, h = k % H;
       const float* q = qkv + n * T * 3 * E + h * dh;  // rows of stride 3E: Q, then K and V E and 2E further
-      float* p = probs_.data<float>() + (n * H + h) * T * T;
+      float* p = probs_.data<float>() + k * T * T;
       blas::sgemm(false, true, T, T, dh, scale, q, 3 * E, q + E, 3 * E, 0.0f, p, T);
       for (int64_t i = 0; i < T; ++i) softmaxRow(p + i * T, i, T, causal_);
       const float* weights = p;
       if (drop) {
-        const float* m = mask_.data<float>() + (n * H + h) * T * T;
+        const float* m = mask_.data<float>() + k * T * T;
         for (int64_t i = 0; i < T * T; ++i) dropped[static_cast<size_t>(i)] = p[i] * m[i];
         weights = dropped.data();
       }
       blas::sgemm(false, false, T, dh, T, 1.0f, weights, T, q + 2 * E, 3 * E, 0.0f, attn_.data<float>() + n * T * E + h * dh, E);
     }
-  }
+  });
   Tensor output = Tensor::empty({N, T, E});
   project(attn_.data<float>(), outWeight_.value.data<float>(), bias_ ? outBias_.value.data<float>() : nullptr,
           output.data<float>(), R, E, E);
@@ -137,10 +139,11 @@ Tensor MultiHeadAttentionModule::backward(const Tensor& gradOutput) {
   Tensor dattn = Tensor::empty({R, E});
   blas::sgemm(false, false, R, E, E, 1.0f, g, E, outWeight_.value.data<float>(), E, 0.0f, dattn.data<float>(), E);
   Tensor dqkv = Tensor::empty({R, 3 * E});
-  std::vector<float> dp(static_cast<size_t>(T * T)), dropped(mask_.defined() ? static_cast<size_t>(T * T) : 0);
   const float* qkv = qkv_.data<float>();
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t h = 0; h < H; ++h) {
+  parallelFor(N * H, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> dp(static_cast<size_t>(T * T)), dropped(mask_.defined() ? static_cast<size_t>(T * T) : 0);
+    for (int64_t k = first; k < last; ++k) {
+      const int64_t n = k / H, h = k % H;
       const float* q = qkv + n * T * 3 * E + h * dh;
       float* dq = dqkv.data<float>() + n * T * 3 * E + h * dh;
       const float* dO = dattn.data<float>() + n * T * E + h * dh;
@@ -170,7 +173,7 @@ Tensor MultiHeadAttentionModule::backward(const Tensor& gradOutput) {
       blas::sgemm(false, false, T, dh, T, scale, dp.data(), T, q + E, 3 * E, 0.0f, dq, 3 * E);
       blas::sgemm(true, false, T, dh, T, scale, dp.data(), T, q, 3 * E, 0.0f, dq + E, 3 * E);
     }
-  }
+  });
   projectBackward(input_.data<float>(), dqkv.data<float>(), inWeight_.value.data<float>(), inWeight_.grad.data<float>(),
                   bias_ ? inBias_.grad.data<float>() : nullptr, R, E, 3 * E);
   gradsReady();
