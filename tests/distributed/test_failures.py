@@ -630,6 +630,7 @@ PROGRESS_CODE = r'''
 a = np.full(64 << 20, RANK + 1.0, np.float32)      # 256 MB: more work than the 3 ms windows below allow
 D.barrier()
 emit("READY")
+time.sleep(1.0)  # the test stops rank 1 before the call starts, however late it reads READY
 t0 = time.monotonic()
 try:
     D.all_reduce(a)
@@ -655,11 +656,14 @@ except Exception as e:
 def test_timeout_is_time_without_progress(watch):
     """A slow link that keeps moving is not a timeout; a peer that stops moving still is.
 
-    For 1.5 x the 4 s timeout, rank 1 is stopped for 1.2 s and resumed for 3 ms in turns
+    For 1.5 x the 4 s timeout, rank 1 is stopped for 1.9 s and resumed for 3 ms in turns
     (SIGSTOP/SIGCONT), then left to finish: a 256 MB all_reduce takes longer than the timeout in
-    total while no wait lasts 4 s (a window that rank 1 misses on a busy machine leaves 2.4 s). The
-    windows are short because shared memory reduces 256 MB in 30-70 ms here: with 10 ms windows the
-    call once finished in three of them, 3.6 s, under the timeout it had to outlast."""
+    total while no wait lasts 4 s (a window that rank 1 misses on a busy machine leaves 3.8 s). The
+    windows are short because shared memory reduces 256 MB in 30-70 ms here, and a loaded machine
+    stretches a 3 ms sleep: with 1.2 s stops the call finished in three windows (3.6 s, under the
+    timeout it had to outlast) in 2 of 4 CI runs while other builds ran; three 1.9 s stops are 5.7 s.
+    Rank 1 is first stopped before its call starts (the ranks wait 1 s after READY), so a late read of
+    READY cannot hand it a free run either (it once finished in 1.3 s that way)."""
     timeout_s = 4.0
     procs = watch.start(PROGRESS_CODE, 2, env={"DISTRIBUTED_TIMEOUT_MS": str(int(timeout_s * 1000))})
     watch.wait_line(procs, "READY", timeout=60)
@@ -669,7 +673,7 @@ def test_timeout_is_time_without_progress(watch):
     try:
         while time.monotonic() < until and not (r1.has("RESULT") or r1.has("ERROR")) and r1.popen.poll() is None:
             os.killpg(pg, signal.SIGSTOP)
-            time.sleep(1.2)
+            time.sleep(1.9)
             os.killpg(pg, signal.SIGCONT)
             time.sleep(0.003)
     finally:
