@@ -179,21 +179,9 @@ def test_a_token_model_matches_torch_and_survives_its_model_file(tmp_path):
     np.testing.assert_array_equal(back.forward(ids), y)
 
 
-DDP_TOKENS = PRELUDE + r'''
-def lm(seed=0):
-    cx.manual_seed(seed)
-    m = cx.SequentialModel()
-    for layer in (cx.EmbeddingModule(13, 8), cx.PositionalEncodingModule(8, 8, learned=True), cx.LayerNormModule(8),
-                  cx.LinearModule(8, 8), cx.GELUModule(), cx.FlattenModule(), cx.LinearModule(40, 4)):
-        m.add(layer)
-    return m
-
-
-def tokens(step, n):
-    rng = np.random.default_rng([7, step])
-    return rng.integers(0, 13, (n, 5)), rng.integers(0, 4, n).astype(np.int64)
-
-
+# 2 ranks x 4 sequences against 1 process x 8 for four SGD steps, for a model script defining lm() and
+# tokens(step, n).
+TWO_RANKS_VS_ONE = r'''
 STEPS, N = 4, 8
 B = N // WS
 D.init()
@@ -215,6 +203,25 @@ for step in range(STEPS):
 worst = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(ddp.parameters(), one.parameters()))
 finish(digest=digest(ddp.parameters()), worst=worst)
 '''
+
+TOKEN_MODEL = PRELUDE + r'''
+def lm(seed=0):
+    cx.manual_seed(seed)
+    m = cx.SequentialModel()
+    for layer in (cx.EmbeddingModule(13, 8), cx.PositionalEncodingModule(8, 8, learned=True), cx.LayerNormModule(8),
+                  cx.LinearModule(8, 8), cx.GELUModule(), cx.FlattenModule(), cx.LinearModule(40, 4)):
+        m.add(layer)
+    return m
+
+
+def tokens(step, n):
+    rng = np.random.default_rng([7, step])
+    return rng.integers(0, 13, (n, 5)), rng.integers(0, 4, n).astype(np.int64)
+
+
+'''
+
+DDP_TOKENS = TOKEN_MODEL + TWO_RANKS_VS_ONE
 
 
 def test_ddp_with_an_embedding_two_ranks_equal_one_process(ranks):
@@ -447,8 +454,8 @@ def test_a_block_stack_file_round_trips_and_eval_is_deterministic(tmp_path):
     np.testing.assert_array_equal(back.forward(ids), model.forward(ids))
 
 
-DDP_GPT = PRELUDE + r'''
-def gpt(seed=0):
+GPT_MODEL = PRELUDE + r'''
+def lm(seed=0):
     cx.manual_seed(seed)
     m = cx.SequentialModel()
     m.add(cx.EmbeddingModule(11, 16))
@@ -466,27 +473,9 @@ def tokens(step, n):
     return ids[:, :-1], ids[:, 1:].astype(np.int64)   # next-token targets, (n, 8)
 
 
-STEPS, N = 4, 8
-B = N // WS
-D.init()
-ddp = D.DistributedDataParallel(gpt())
-opt = cx.SGDOptimizer(0.1, momentum=0.9)
-for step in range(STEPS):
-    X, y = tokens(step, N)
-    out = ddp.forward(shard(X, B))
-    ddp.backward(LOSS.backward(out, shard(y, B)))
-    ddp.update_parameters(opt)
-one = gpt()
-opt1 = cx.SGDOptimizer(0.1, momentum=0.9)
-for step in range(STEPS):
-    X, y = tokens(step, N)
-    out = one.forward(X)
-    one.zero_grad()
-    one.backward(LOSS.backward(out, y))
-    opt1.step(one)
-worst = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(ddp.parameters(), one.parameters()))
-finish(digest=digest(ddp.parameters()), worst=worst)
 '''
+
+DDP_GPT = GPT_MODEL + TWO_RANKS_VS_ONE
 
 
 def test_ddp_of_a_causal_block_stack_two_ranks_equal_one_process(ranks):
