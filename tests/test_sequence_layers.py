@@ -110,6 +110,8 @@ def test_embedding_refuses_bad_ids_naming_id_and_position():
         emb.forward(np.array([[-1, 2]]))
     with pytest.raises(ValueError, match=r"token id 1\.5 at position \(0, 1\) is not an integer"):
         emb.forward(np.array([[1.0, 1.5]], dtype=np.float32))
+    with pytest.raises(ValueError, match=r"token id 1e\+20 at position \(0, 0\) is outside the vocabulary"):
+        emb.forward(np.array([[1e20, 1.0]], dtype=np.float32))
 
 
 def test_sinusoidal_positions_follow_the_papers_formula():

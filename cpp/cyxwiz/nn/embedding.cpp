@@ -52,7 +52,10 @@ Tensor EmbeddingModule::forward(const Tensor& input) {
         const float v = input.data<float>()[i];
         CYX_CHECK(std::floor(v) == v, who, ": token id ", v, " at position ", position(i, input.shape()),
                   " is not an integer; pass the ids as an integer array");
-        id = static_cast<int64_t>(v);
+        // Range-checked as a float first: casting one beyond int64 would be undefined.
+        id = v >= 0.0f && v < static_cast<float>(num_) ? static_cast<int64_t>(v) : -1;
+        CYX_CHECK(id >= 0, who, ": token id ", v, " at position ", position(i, input.shape()),
+                  " is outside the vocabulary [0, ", num_, ")");
         break;
       }
       default:
