@@ -256,6 +256,46 @@ def test_cross_entropy_over_sequences_matches_torch():
     assert cx.accuracy(x, y) == pytest.approx(hits)
 
 
+@pytest.mark.parametrize("ignore_index", [-100, 2], ids=["default-minus-100", "a-real-class"])
+def test_cross_entropy_ignore_index_matches_torch(ignore_index):
+    """Positions whose class index is ignore_index leave the sum and the mean's count; their gradient
+    is 0; accuracy leaves them out too. On (N, T, V) and on (N, V)."""
+    rng = np.random.default_rng(1)
+    for shape in ((3, 5, 7), (6, 7)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        y = rng.integers(0, 7, shape[:-1])
+        y.flat[::3] = ignore_index
+        loss = cx.CrossEntropyLoss() if ignore_index == -100 else cx.CrossEntropyLoss(ignore_index=ignore_index)
+        xt = torch.tensor(x.reshape(-1, 7), requires_grad=True)
+        want = torch.nn.functional.cross_entropy(xt, torch.tensor(y).reshape(-1), ignore_index=ignore_index)
+        want.backward()
+        assert loss.forward(x, y) == pytest.approx(want.item(), rel=1e-6)
+        grad = loss.backward(x, y)
+        assert_rel_close(grad, xt.grad.numpy().reshape(shape), "cross-entropy gradient with ignore_index")
+        assert np.all(grad.reshape(-1, 7)[y.reshape(-1) == ignore_index] == 0)
+        keep = y != ignore_index
+        assert cx.accuracy(x, y, ignore_index=ignore_index) == pytest.approx((x.argmax(-1) == y)[keep].mean())
+
+
+def test_cross_entropy_with_every_position_ignored_is_nan_as_torch():
+    x = np.ones((2, 3, 4), np.float32)
+    y = np.full((2, 3), -100)
+    want = torch.nn.functional.cross_entropy(torch.tensor(x).reshape(-1, 4), torch.tensor(y).reshape(-1))
+    assert np.isnan(want.item()) and np.isnan(cx.CrossEntropyLoss().forward(x, y))
+    assert np.all(cx.CrossEntropyLoss().backward(x, y) == 0)  # nothing to learn from; no NaN into the weights
+
+
+def test_cross_entropy_without_ignore_index_refuses_minus_100():
+    loss = cx.CrossEntropyLoss(ignore_index=None)
+    assert repr(loss) == "CrossEntropyLoss(ignore_index=None)" and loss.ignore_index is None
+    assert repr(cx.CrossEntropyLoss()) == "CrossEntropyLoss()" and cx.CrossEntropyLoss().ignore_index == -100
+    with pytest.raises(ValueError, match=r"target class -100 at row 1 is out of range for 4 classes \(valid: 0..3\)"):
+        loss.forward(np.zeros((2, 4), np.float32), np.array([0, -100]))
+    with pytest.raises(ValueError, match=r"target class -7 at row 0 is out of range for 4 classes \(valid: 0..3, or "
+                                         r"ignore_index -100\)"):
+        cx.CrossEntropyLoss().forward(np.zeros((2, 4), np.float32), np.array([-7, 1]))
+
+
 def test_cross_entropy_over_sequences_names_the_bad_label():
     x = np.zeros((2, 3, 4), np.float32)
     with pytest.raises(ValueError, match=r"target class 9 at position \(1, 2\) is out of range for 4 classes"):
@@ -289,6 +329,14 @@ close("evaluate's loss against numpy's mean over every position", val_loss, per_
 close("evaluate's accuracy over every position", val_acc, (out.argmax(-1) == y).mean(), rtol=0, atol=1e-12)
 expect(history.train_losses[-1] < 0.05 * history.train_losses[0], f"did not learn the pattern: {history.train_losses}")
 expect(val_acc == 1.0, f"accuracy {val_acc} on a deterministic pattern")
+# Padding marked with ignore_index: the ranks' sums and counts leave those positions out.
+y_pad = y.copy()
+y_pad[::4, :2] = -100
+pad_loss, pad_acc = trainer.evaluate(X, y_pad)
+keep = y_pad != -100
+close("evaluate's loss over the positions not ignored", pad_loss, per_position[keep].mean(), rtol=1e-4, atol=1e-6)
+close("evaluate's accuracy over the positions not ignored", pad_acc, (out.argmax(-1) == y)[keep].mean(), rtol=0,
+      atol=1e-12)
 finish(digest=digest(model.parameters()))
 '''
 
@@ -320,7 +368,13 @@ class TorchSelfAttention(torch.nn.Module):
     (12, 3, False, False, (2, 7)),
     (16, 4, True, True, (2, 1)),  # one position: the causal row sees only itself
     (32, 8, True, True, (2, 16)),
-], ids=["1-head", "2-heads-causal", "3-heads-no-bias", "one-position", "8-heads-causal"])
+    # Beyond one block of 64 queries (attention_cpu.cpp), with a partial last block: causal blocks see
+    # only the keys up to their last query.
+    (16, 2, True, True, (2, 130)),
+    (16, 4, False, True, (1, 150)),
+    (8, 2, True, False, (1, 64)),
+], ids=["1-head", "2-heads-causal", "3-heads-no-bias", "one-position", "8-heads-causal", "blocks-causal",
+        "blocks", "one-full-block"])
 def test_attention_matches_torch(embed, heads, causal, bias, shape):
     torch.manual_seed(0)
     theirs = TorchSelfAttention(embed, heads, causal, bias)
@@ -355,6 +409,50 @@ def test_causal_attention_does_not_look_ahead():
 def test_attention_gradients_by_finite_differences():
     cx.manual_seed(1)
     check_module_gradients(cx.MultiHeadAttentionModule(4, 2, causal=True), rand(2, 3, 4, seed=4), seed=5)
+
+
+class Reseeded:
+    """A module whose every forward starts from the same seed: with dropout, a fixed function of its
+    input and parameters, so finite differences can check that backward used forward's mask."""
+
+    def __init__(self, module, seed):
+        self.module, self.seed = module, seed
+
+    def forward(self, x):
+        cx.manual_seed(self.seed)
+        return self.module.forward(x)
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    def __repr__(self):
+        return repr(self.module)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_dropout_gradients_by_finite_differences(causal):
+    """backward redraws forward's dropout decisions (they are never stored): finite differences of a
+    training forward with a fixed seed agree with it."""
+    attn = cx.MultiHeadAttentionModule(4, 2, causal=causal, dropout=0.4)
+    attn.train()
+    x = rand(2, 5, 4, seed=8)
+    module = Reseeded(attn, 11)
+    assert np.abs(module.forward(x) - Reseeded(attn, 12).forward(x)).max() > 1e-3, "dropout did not act"
+    check_module_gradients(module, x, seed=9)
+
+
+def test_attention_dropout_mask_is_the_same_on_any_thread_count():
+    attn = cx.MultiHeadAttentionModule(16, 4, causal=True, dropout=0.2)
+    attn.train()
+    x = rand(3, 70, 16, seed=4)
+    outputs, before = [], cx.get_num_threads()
+    try:
+        for threads in (1, 2):
+            cx.set_num_threads(threads)
+            outputs.append(Reseeded(attn, 5).forward(x))
+    finally:
+        cx.set_num_threads(before)
+    np.testing.assert_array_equal(outputs[0], outputs[1])
 
 
 def test_attention_dropout_keeps_the_expectation():
@@ -538,3 +636,97 @@ def test_generation_refuses_float_prompts_and_bad_settings():
         model.generate([[1, 2]], 3, temperature=-1)
     with pytest.raises(ValueError, match="top_k"):
         model.generate([[1, 2]], 3, top_k=0)
+
+
+def train_gpt_checkpointed(segments, steps=3, dropout=0.2):
+    """Adam steps of a 3-block causal GPT with dropout in attention and blocks; parameters, last
+    gradients and the random stream's state after."""
+    cx.manual_seed(3)
+    model = gpt(blocks=3, dropout=dropout)
+    model.set_gradient_checkpointing(segments)
+    loss, opt = cx.CrossEntropyLoss(), cx.AdamOptimizer(0.01)
+    rng = np.random.default_rng(5)
+    for _ in range(steps):
+        ids = rng.integers(0, 11, (4, 8))
+        opt.zero_grad(model)
+        model.backward(loss.backward(model.forward(ids), np.roll(ids, -1, 1)))
+        grads = [g.copy() for g in model.gradients()]
+        opt.step(model)
+    return [p.copy() for p in model.parameters()], grads, cx.get_rng_state()
+
+
+@pytest.mark.parametrize("segments", [2, 3, 6])
+def test_gradient_checkpointing_per_block_is_bit_identical(segments):
+    """Checkpointing a Transformer per block (or coarser) recomputes each segment's forward in backward,
+    attention's dropout included (its seed is redrawn from the restored stream): the gradients,
+    parameters and random state equal the plain run's bit for bit."""
+    params, grads, state = train_gpt_checkpointed(0)
+    got_params, got_grads, got_state = train_gpt_checkpointed(segments)
+    for what, got, want in (("gradient", got_grads, grads), ("parameter", got_params, params)):
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert np.array_equal(a, b), f"{what} {i}: max |diff| {np.abs(a - b).max():.3g}"
+    assert got_state == state
+    # The masks matter (so a replay that drew other masks would show): without dropout, other gradients.
+    undropped = train_gpt_checkpointed(0, dropout=0.0)[1]
+    assert not any(np.array_equal(a, b) for a, b in zip(undropped, grads))
+
+
+def bf16(a):
+    """float32 -> the nearest bfloat16 (ties to even), as float32."""
+    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32).view(np.float32)
+
+
+def attention_oracle(x, params, heads, causal, rounding):
+    """Self-attention in float64 with the 16-bit roundings autocast makes: the projections' operands and
+    Q, K, V (from their float32 values), the heads' outputs before out_proj; softmax unrounded."""
+    W, b, Wo, bo = (np.asarray(p, np.float64) for p in params)
+    N, T, E = x.shape
+    dh = E // heads
+    qkv = rounding((rounding(x).astype(np.float64) @ rounding(W).T + b).astype(np.float32)).astype(np.float64)
+    q, k, v = (qkv[..., i * E:(i + 1) * E].reshape(N, T, heads, dh).transpose(0, 2, 1, 3) for i in range(3))
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(dh)
+    if causal:
+        s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    o = (p / p.sum(-1, keepdims=True) @ v).transpose(0, 2, 1, 3).reshape(N, T, E)
+    return rounding(o.astype(np.float32)).astype(np.float64) @ rounding(Wo).T + bo
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_under_autocast_rounds_as_bf16(causal):
+    """cx.autocast("bfloat16"): bf16 projections with float32 accumulation and Q, K, V rounded to bf16,
+    the softmax in float32, against a float64 oracle with those roundings; the float32 forward is
+    farther from it than the tolerance (so the test tells the two apart). Backward follows forward: the
+    gradients are float32's to bf16's precision, and not float32's exactly."""
+    cx.manual_seed(2)
+    attn = cx.MultiHeadAttentionModule(32, 4, causal=causal)
+    x = rand(2, 70, 32, seed=3)  # two blocks of queries
+    want = attention_oracle(x, attn.parameters(), 4, causal, bf16)
+    scale = np.abs(want).max()
+    with cx.autocast("bfloat16"):
+        got = attn.forward(x)
+    r = rand(*got.shape, seed=4)
+    attn.zero_grad()
+    dx16 = attn.backward(r)
+    grads16 = [g.copy() for g in attn.gradients()]
+    plain = attn.forward(x)
+    attn.zero_grad()
+    dx32 = attn.backward(r)
+    assert np.abs(got - want).max() <= 2e-3 * scale
+    assert np.abs(plain - want).max() > 2e-3 * scale, "the float32 path matches the bf16 oracle: it cannot tell"
+    for what, a, b in [("input", dx16, dx32)] + [(f"parameter {i}", g, h) for i, (g, h) in
+                                               enumerate(zip(grads16, attn.gradients()))]:
+        err = np.abs(a - b).max() / np.abs(b).max()
+        assert 1e-5 < err < 5e-2, f"{what} gradient under autocast: relative difference {err:.3g} from float32's"
+
+
+def test_transformer_block_under_autocast_is_close_to_float32():
+    cx.manual_seed(1)
+    block = cx.TransformerEncoderModule(32, 4, 64, dropout=0.0, causal=True)
+    x = rand(2, 12, 32, seed=6)
+    want = block.forward(x)
+    with cx.autocast("bfloat16"):
+        got = block.forward(x)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert 1e-5 < err < 3e-2, f"relative difference {err:.3g}"

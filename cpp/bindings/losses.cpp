@@ -1,5 +1,6 @@
 // Losses and the accuracy helper.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "cyxwiz/nn/cross_entropy.h"
 #include "cyxwiz/nn/mse.h"
@@ -42,15 +43,25 @@ void init_losses(py::module_& m) {
       .def("__repr__", [](const Loss& self) { return self.typeName() + "()"; });
 
   py::class_<CrossEntropyLoss, Loss, std::shared_ptr<CrossEntropyLoss>>(m, "CrossEntropyLoss",
-      "Softmax cross-entropy on raw logits; targets are class indices (any int dtype) or one-hot/probability rows.")
-      .def(py::init<>());
+      "Softmax cross-entropy on raw logits; targets are class indices (any int dtype) or one-hot/probability rows.\n"
+      "A class index equal to ignore_index (torch's default -100; None: none) counts neither in the mean nor in\n"
+      "accuracy, and its gradient is 0.")
+      .def(py::init<std::optional<int64_t>>(), py::arg("ignore_index") = -100)
+      .def_property_readonly("ignore_index", &CrossEntropyLoss::ignoreIndex)
+      .def("__repr__", [](const CrossEntropyLoss& self) {
+        const auto ignore = self.ignoreIndex();
+        if (ignore == -100) return std::string("CrossEntropyLoss()");
+        return "CrossEntropyLoss(ignore_index=" + (ignore ? std::to_string(*ignore) : std::string("None")) + ")";
+      });
   py::class_<MSELoss, Loss, std::shared_ptr<MSELoss>>(m, "MSELoss", "Mean squared error over all elements.")
       .def(py::init<>());
 
-  m.def("accuracy", [](py::handle out, py::handle target) {
+  m.def("accuracy", [](py::handle out, py::handle target, std::optional<int64_t> ignore) {
     Tensor o = floatTensor(out, "accuracy");
     Tensor t = targetTensor(target, "accuracy target");
     cyxwiz::bindings::BlockingCall unlocked;  // GPU outputs: waits for the kernels that produce them
-    return accuracy(o, t);
-  }, py::arg("output"), py::arg("target"), "Fraction of rows whose argmax is the target class.");
+    return accuracy(o, t, ignore);
+  }, py::arg("output"), py::arg("target"), py::arg("ignore_index") = py::none(),
+     "Fraction of rows (positions of a sequence) whose argmax is the target class, leaving out those whose\n"
+     "class index is ignore_index.");
 }

@@ -278,6 +278,25 @@ def test_cross_entropy_on_gpu_outputs(target):
     close(grad_g, loss.backward(logits, t_cpu), f"CrossEntropyLoss.backward ({target})", LOSS_GRAD)
 
 
+@pytest.mark.parametrize("where", ["numpy", "gpu"])
+@pytest.mark.parametrize("ignore_index", [-100, 3])
+def test_cross_entropy_ignore_index_on_gpu_outputs(where, ignore_index):
+    """(N, T, V) logits with some positions marked ignore_index: loss, gradient (0 on those rows, the
+    rest over the count of the others, counted on the device) and accuracy equal the CPU's."""
+    rng = np.random.default_rng(12)
+    logits = rng.standard_normal((4, 9, 7)).astype(np.float32)
+    labels = rng.integers(0, 7, (4, 9))
+    labels.flat[::4] = ignore_index
+    out = cx.Tensor(logits).to("cuda")
+    t = labels if where == "numpy" else cx.Tensor(labels).to("cuda")
+    loss = cx.CrossEntropyLoss(ignore_index=ignore_index)
+    np.testing.assert_allclose(loss.forward(out, t), loss.forward(logits, labels), rtol=1e-5)
+    grad = np.asarray(loss.backward(out, t).to("cpu"))
+    close(grad, loss.backward(logits, labels), "CrossEntropyLoss.backward with ignore_index", LOSS_GRAD)
+    assert np.all(grad.reshape(-1, 7)[labels.reshape(-1) == ignore_index] == 0)
+    assert cx.accuracy(out, t, ignore_index=ignore_index) == cx.accuracy(logits, labels, ignore_index=ignore_index)
+
+
 @pytest.mark.parametrize("target", ["numpy", "gpu"])
 def test_mse_on_gpu_outputs(target):
     rng = np.random.default_rng(8)

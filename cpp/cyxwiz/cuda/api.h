@@ -13,13 +13,16 @@
 #pragma once
 
 #include <cstddef>
+#include <climits>
 #include <cstdint>
 #include <string>
 
 namespace cyxwiz::cuda {
 
 // Bumped on any change below; _core refuses a library of another version.
-constexpr int kApiVersion = 10;
+constexpr int kApiVersion = 11;
+// A class index no label equals: cross-entropy and countCorrect without an ignore_index.
+constexpr int64_t kNoIgnoreIndex = INT64_MIN;
 
 using Status = std::string;  // empty: success
 
@@ -191,20 +194,24 @@ class Api {
   virtual Status softmaxBackward(int dev, const float* y, const float* g, float* dx, int64_t rows,
                                  int64_t cols) noexcept = 0;
   // Softmax cross-entropy over rows of `logits`; the target is either `labels` (int64 class indices,
-  // already range-checked) or `probs` (float32 rows); the other is null. Forward adds
-  // scale * (sum of the row losses) into `*sum`, a double in dev's memory: no host read, so a training
-  // loop can accumulate a whole epoch on the device (scale = 1 / rows gives the batch mean). Backward
-  // writes d(mean)/d(logits) into `grad`.
+  // already range-checked, or equal to `ignoreIndex`: kNoIgnoreIndex when none) or `probs` (float32
+  // rows); the other is null. Forward adds scale * (sum of the row losses, ignored rows left out) into
+  // `*sum`, a double in dev's memory: no host read, so a training loop can accumulate a whole epoch on
+  // the device (scale = 1 / rows gives the batch mean). Backward writes d(mean)/d(logits) into `grad`:
+  // the mean over the rows not ignored, counted on the device (so a captured step replays right for any
+  // batch), and 0 on the ignored rows.
   virtual Status crossEntropyForward(int dev, const float* logits, const int64_t* labels, const float* probs,
-                                     int64_t rows, int64_t classes, double scale, double* sum) noexcept = 0;
+                                     int64_t rows, int64_t classes, int64_t ignoreIndex, double scale,
+                                     double* sum) noexcept = 0;
   virtual Status crossEntropyBackward(int dev, const float* logits, const int64_t* labels, const float* probs,
-                                      float* grad, int64_t rows, int64_t classes) noexcept = 0;
+                                      float* grad, int64_t rows, int64_t classes, int64_t ignoreIndex) noexcept = 0;
   // `*sum` (device) += scale * sum((y - t)^2); grad = 2 (y - t) / n.
   virtual Status mseForward(int dev, const float* y, const float* t, int64_t n, double scale, double* sum) noexcept = 0;
   virtual Status mseBackward(int dev, const float* y, const float* t, float* grad, int64_t n) noexcept = 0;
-  // `*sum` (device) += the rows whose argmax (first maximum) equals the label / the target row's argmax.
+  // `*sum` (device) += the rows whose argmax (first maximum) equals the label / the target row's argmax;
+  // a row whose label is `ignoreIndex` counts neither way.
   virtual Status countCorrect(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
-                              int64_t classes, double* sum) noexcept = 0;
+                              int64_t classes, int64_t ignoreIndex, double* sum) noexcept = 0;
   // A linear layer's forward in one call: y = x w^T (+ bias) (then ReLU when `relu`), with x (rows, in),
   // w (out, in) and y (rows, out) row-major and bias (out) or null. One cuBLASLt matmul with a BIAS /
   // RELU_BIAS epilogue where cuBLASLt offers one for the shape, else GEMM, bias and ReLU kernels:

@@ -74,13 +74,13 @@ class ApiImpl final : public Api {
   Status softmaxBackward(int dev, const float* y, const float* g, float* dx, int64_t rows,
                          int64_t cols) noexcept override;
   Status crossEntropyForward(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
-                             int64_t classes, double scale, double* sum) noexcept override;
+                             int64_t classes, int64_t ignoreIndex, double scale, double* sum) noexcept override;
   Status crossEntropyBackward(int dev, const float* logits, const int64_t* labels, const float* probs, float* grad,
-                              int64_t rows, int64_t classes) noexcept override;
+                              int64_t rows, int64_t classes, int64_t ignoreIndex) noexcept override;
   Status mseForward(int dev, const float* y, const float* t, int64_t n, double scale, double* sum) noexcept override;
   Status mseBackward(int dev, const float* y, const float* t, float* grad, int64_t n) noexcept override;
   Status countCorrect(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
-                      int64_t classes, double* sum) noexcept override;
+                      int64_t classes, int64_t ignoreIndex, double* sum) noexcept override;
   Status linearForward(int dev, const float* x, const float* w, const float* bias, float* y, int64_t rows, int64_t in,
                        int64_t out, bool relu) noexcept override;
   Status convertFloats(int dev, const void* in, ElemType inType, void* out, ElemType outType, int64_t n,

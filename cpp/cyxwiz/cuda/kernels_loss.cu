@@ -49,11 +49,12 @@ __global__ void softmaxBackwardKernel(const float* y, const float* g, float* dx,
 }
 
 // Per row: logSumExp - x[label], or sum_c p_c (logSumExp - x_c); each block accumulates its rows
-// in order into partial[blockIdx.x].
+// in order into partial[blockIdx.x]. A row whose label is `ignore` adds nothing (the whole block skips it).
 __global__ void crossEntropyForwardKernel(const float* x, const int64_t* labels, const float* probs, int64_t rows,
-                                          int64_t cols, double* partial) {
+                                          int64_t cols, int64_t ignore, double* partial) {
   double acc = 0.0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (labels && labels[r] == ignore) continue;
     const float* xr = x + r * cols;
     const float mx = rowMax(xr, cols);
     double sum = 0.0;
@@ -73,11 +74,17 @@ __global__ void crossEntropyForwardKernel(const float* x, const int64_t* labels,
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-// d(mean loss)/d(logits): (softmax - onehot) / rows, or (softmax * mass - p) / rows.
+// d(mean loss)/d(logits): (softmax - onehot) / count, or (softmax * mass - p) / rows; 0 on ignored rows.
 __global__ void crossEntropyBackwardKernel(const float* x, const int64_t* labels, const float* probs, float* grad,
-                                           int64_t rows, int64_t cols, float invRows) {
+                                           int64_t rows, int64_t cols, int64_t ignore, float invRows,
+                                           const long long* count) {
+  if (count) invRows = 1.0f / static_cast<float>(*count > 0 ? *count : 1);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float* gr = grad + r * cols;
+    if (labels && labels[r] == ignore) {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = 0.0f;
+      continue;
+    }
     const float inv = softmaxNumerators(x + r * cols, gr, cols);
     if (labels) {
       const int64_t label = labels[r];
@@ -108,14 +115,23 @@ __global__ void mseBackwardKernel(const float* y, const float* t, float* grad, i
 }
 
 __global__ void countCorrectKernel(const float* x, const int64_t* labels, const float* probs, int64_t rows,
-                                   int64_t cols, long long* partial) {
+                                   int64_t cols, int64_t ignore, long long* partial) {
   long long acc = 0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (labels && labels[r] == ignore) continue;
     const int64_t predicted = blockArgMax(x + r * cols, cols);
     const int64_t truth = labels ? labels[r] : blockArgMax(probs + r * cols, cols);
     acc += predicted == truth;
   }
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// One block: *count = the labels that are not `ignore`.
+__global__ void countLabelsKernel(const int64_t* labels, int64_t rows, int64_t ignore, long long* count) {
+  long long acc = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) acc += labels[r] != ignore;
+  acc = blockSum(acc);
+  if (threadIdx.x == 0) *count = acc;
 }
 
 // One block: *sum += scale * (sum of partial[0..count)). Fixed order for a given count.
@@ -144,10 +160,10 @@ void launchSoftmaxBackward(cudaStream_t s, const float* y, const float* g, float
 }
 
 int launchCrossEntropyPartials(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
-                               int64_t rows, int64_t classes, double* partial, int capacity) {
+                               int64_t rows, int64_t classes, int64_t ignore, double* partial, int capacity) {
   const int blocks = rowPartials(rows, capacity);
   crossEntropyForwardKernel<<<static_cast<unsigned>(blocks), rowThreads(classes), 0, s>>>(logits, labels, probs, rows,
-                                                                                          classes, partial);
+                                                                                          classes, ignore, partial);
   return blocks;
 }
 
@@ -159,11 +175,15 @@ int launchSquaredErrorPartials(cudaStream_t s, const float* y, const float* t, i
 }
 
 int launchCountCorrectPartials(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
-                               int64_t rows, int64_t classes, long long* partial, int capacity) {
+                               int64_t rows, int64_t classes, int64_t ignore, long long* partial, int capacity) {
   const int blocks = rowPartials(rows, capacity);
   countCorrectKernel<<<static_cast<unsigned>(blocks), rowThreads(classes), 0, s>>>(logits, labels, probs, rows,
-                                                                                   classes, partial);
+                                                                                   classes, ignore, partial);
   return blocks;
+}
+
+void launchCountLabels(cudaStream_t s, const int64_t* labels, int64_t rows, int64_t ignore, long long* count) {
+  countLabelsKernel<<<1, kThreads, 0, s>>>(labels, rows, ignore, count);
 }
 
 void launchFinishSum(cudaStream_t s, const double* partial, int count, double scale, double* sum) {
@@ -175,9 +195,10 @@ void launchFinishCount(cudaStream_t s, const long long* partial, int count, doub
 }
 
 void launchCrossEntropyBackward(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
-                                float* grad, int64_t rows, int64_t classes, float invRows) {
+                                float* grad, int64_t rows, int64_t classes, int64_t ignore, float invRows,
+                                const long long* count) {
   crossEntropyBackwardKernel<<<gridFor(rows, 1), rowThreads(classes), 0, s>>>(logits, labels, probs, grad, rows,
-                                                                             classes, invRows);
+                                                                             classes, ignore, invRows, count);
 }
 
 void launchMseBackward(cudaStream_t s, const float* y, const float* t, float* grad, int64_t n, float scale) {

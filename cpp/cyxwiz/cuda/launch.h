@@ -81,18 +81,24 @@ void launchSoftmaxForward(cudaStream_t s, const float* x, float* y, int64_t rows
 void launchSoftmaxBackward(cudaStream_t s, const float* y, const float* g, float* dx, int64_t rows, int64_t cols);
 // The two-pass reductions: the first launch writes partial[0, count) and returns count (at most
 // `capacity`); a finish launch then adds them, in a fixed order, onto *sum.
+// Rows whose label is `ignore` (kNoIgnoreIndex: none) add nothing, to the loss or to the count.
 int launchCrossEntropyPartials(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
-                               int64_t rows, int64_t classes, double* partial, int capacity);
+                               int64_t rows, int64_t classes, int64_t ignore, double* partial, int capacity);
 int launchSquaredErrorPartials(cudaStream_t s, const float* y, const float* t, int64_t n, double* partial,
                                int capacity);
 int launchCountCorrectPartials(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
-                               int64_t rows, int64_t classes, long long* partial, int capacity);
+                               int64_t rows, int64_t classes, int64_t ignore, long long* partial, int capacity);
+// *count = the labels not equal to `ignore` (one block, a fixed order).
+void launchCountLabels(cudaStream_t s, const int64_t* labels, int64_t rows, int64_t ignore, long long* count);
 // *sum += scale * (sum of partial[0, count)).
 void launchFinishSum(cudaStream_t s, const double* partial, int count, double scale, double* sum);
 // *sum += (sum of partial[0, count)).
 void launchFinishCount(cudaStream_t s, const long long* partial, int count, double* sum);
+// The mean's 1 / count is invRows, or 1 / max(*count, 1) read on the device when `count` is not null;
+// rows whose label is `ignore` get 0.
 void launchCrossEntropyBackward(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
-                                float* grad, int64_t rows, int64_t classes, float invRows);
+                                float* grad, int64_t rows, int64_t classes, int64_t ignore, float invRows,
+                                const long long* count);
 void launchMseBackward(cudaStream_t s, const float* y, const float* t, float* grad, int64_t n, float scale);
 
 // ---- kernels_batchnorm.cu: x (n, c, s), per-channel statistics in double ----

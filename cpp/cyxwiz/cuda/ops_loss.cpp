@@ -36,7 +36,8 @@ Status ApiImpl::softmaxBackward(int dev, const float* y, const float* g, float* 
 }
 
 Status ApiImpl::crossEntropyForward(int dev, const float* logits, const int64_t* labels, const float* probs,
-                                    int64_t rows, int64_t classes, double scale, double* sum) noexcept {
+                                    int64_t rows, int64_t classes, int64_t ignoreIndex, double scale,
+                                    double* sum) noexcept {
   if (!labels && !probs) return targetMissing("crossEntropyForward", dev);
   if (rows <= 0 || classes <= 0) return {};
   DeviceState* s = nullptr;
@@ -44,7 +45,7 @@ Status ApiImpl::crossEntropyForward(int dev, const float* logits, const int64_t*
   // The partials are shared by every reduction of this device. They run in order on the compute
   // stream; the lock keeps another thread's reduction from being enqueued between our two kernels.
   std::lock_guard<std::mutex> lock(s->mutex);
-  const int blocks = launchCrossEntropyPartials(s->compute, logits, labels, probs, rows, classes,
+  const int blocks = launchCrossEntropyPartials(s->compute, logits, labels, probs, rows, classes, ignoreIndex,
                                                 s->scratch->partial, kMaxPartials);
   CX_TRY(launchStatus("crossEntropyForwardKernel", dev));
   launchFinishSum(s->compute, s->scratch->partial, blocks, scale, sum);
@@ -52,13 +53,24 @@ Status ApiImpl::crossEntropyForward(int dev, const float* logits, const int64_t*
 }
 
 Status ApiImpl::crossEntropyBackward(int dev, const float* logits, const int64_t* labels, const float* probs,
-                                     float* grad, int64_t rows, int64_t classes) noexcept {
+                                     float* grad, int64_t rows, int64_t classes, int64_t ignoreIndex) noexcept {
   if (!labels && !probs) return targetMissing("crossEntropyBackward", dev);
   if (rows <= 0 || classes <= 0) return {};
   DeviceState* s = nullptr;
   CX_TRY(useDevice(dev, &s));
   const float invRows = 1.0f / static_cast<float>(rows);
-  launchCrossEntropyBackward(s->compute, logits, labels, probs, grad, rows, classes, invRows);
+  if (!labels || ignoreIndex == kNoIgnoreIndex) {
+    launchCrossEntropyBackward(s->compute, logits, labels, probs, grad, rows, classes, kNoIgnoreIndex, invRows,
+                               nullptr);
+    return launchStatus("crossEntropyBackwardKernel", dev);
+  }
+  // The mean's count depends on the labels: counted into the shared scratch, read by the backward kernel
+  // (the lock keeps another reduction from landing between the two).
+  std::lock_guard<std::mutex> lock(s->mutex);
+  launchCountLabels(s->compute, labels, rows, ignoreIndex, s->scratch->count);
+  CX_TRY(launchStatus("countLabelsKernel", dev));
+  launchCrossEntropyBackward(s->compute, logits, labels, probs, grad, rows, classes, ignoreIndex, invRows,
+                             s->scratch->count);
   return launchStatus("crossEntropyBackwardKernel", dev);
 }
 
@@ -82,14 +94,14 @@ Status ApiImpl::mseBackward(int dev, const float* y, const float* t, float* grad
 }
 
 Status ApiImpl::countCorrect(int dev, const float* logits, const int64_t* labels, const float* probs, int64_t rows,
-                             int64_t classes, double* sum) noexcept {
+                             int64_t classes, int64_t ignoreIndex, double* sum) noexcept {
   if (!labels && !probs) return targetMissing("countCorrect", dev);
   if (rows <= 0 || classes <= 0) return {};
   DeviceState* s = nullptr;
   CX_TRY(useDevice(dev, &s));
   std::lock_guard<std::mutex> lock(s->mutex);
-  const int blocks = launchCountCorrectPartials(s->compute, logits, labels, probs, rows, classes, s->scratch->count,
-                                                kMaxPartials);
+  const int blocks = launchCountCorrectPartials(s->compute, logits, labels, probs, rows, classes, ignoreIndex,
+                                                s->scratch->count, kMaxPartials);
   CX_TRY(launchStatus("countCorrectKernel", dev));
   launchFinishCount(s->compute, s->scratch->count, blocks, sum);
   return launchStatus("finishCountKernel", dev);

@@ -12,7 +12,7 @@ namespace cyxwiz::ddp {
 
 void addBatchSums(const nn::Loss& loss, const Tensor& output, const Tensor& target, Tensor& sums) {
   loss.addLossSum(output, target, sums, 0);
-  if (loss.takesClassIndices()) nn::addCorrectCount(output, target, sums, 1);
+  if (loss.takesClassIndices()) nn::addCorrectCount(output, target, sums, 1, loss.ignoreIndex());
 }
 
 std::optional<DType> parseMixedPrecision(const std::string& name) {
@@ -60,7 +60,7 @@ void TrainStep::run(const Tensor& x, const Tensor& y) {
     eager(x.to(model.device()), y.to(model.device()));
   }
   rows_ += static_cast<double>(x.size(0));
-  terms_ += static_cast<double>(loss_->terms(out));
+  terms_ += static_cast<double>(loss_->terms(out, y));
 }
 
 void TrainStep::setMixedPrecision(std::optional<DType> dtype, std::shared_ptr<nn::GradScaler> scaler) {

@@ -230,8 +230,9 @@ std::pair<double, double> DistributedTrainer::evaluate(const Tensor& X, const Te
   for (size_t begin = 0; begin < mine.size(); begin += static_cast<size_t>(batchSize)) {
     std::vector<int64_t> rows(mine.begin() + begin, mine.begin() + std::min(mine.size(), begin + batchSize));
     Tensor out = model_->forward(gatherRows(X, rows));
-    addBatchSums(*loss_, out, loss_->prepareTarget(out, gatherRows(y, rows), "DistributedTrainer.evaluate"), sums);
-    count += static_cast<double>(loss_->terms(out.shape()));
+    const Tensor target = gatherRows(y, rows);
+    addBatchSums(*loss_, out, loss_->prepareTarget(out, target, "DistributedTrainer.evaluate"), sums);
+    count += static_cast<double>(loss_->terms(out.shape(), target));
   }
   const Tensor local = sums.to(Device{});
   std::vector<double> total =

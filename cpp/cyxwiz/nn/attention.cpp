@@ -5,8 +5,11 @@
 #include <limits>
 
 #include "cyxwiz/common/error.h"
-#include "cyxwiz/common/parallel.h"
+#include "cyxwiz/nn/attention_cpu.h"
+#include "cyxwiz/nn/autocast.h"
+#include "cyxwiz/nn/linear16.h"
 #include "cyxwiz/tensor/blas.h"
+#include "cyxwiz/tensor/convert16.h"
 #include "cyxwiz/tensor/random.h"
 
 namespace cyxwiz::nn {
@@ -21,30 +24,14 @@ void project(const float* x, const float* w, const float* b, float* y, int64_t R
   blas::sgemm(false, true, R, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
 }
 
-// dw += g^T x, db += column sums of g, then dx = g w when dx is not null.
-void projectBackward(const float* x, const float* g, const float* w, float* dw, float* db, int64_t R, int64_t in,
-                     int64_t out) {
+// dw += g^T x, db += column sums of g (dx = g w is the caller's: it may not be needed).
+void projectBackward(const float* x, const float* g, float* dw, float* db, int64_t R, int64_t in, int64_t out) {
   blas::sgemm(true, false, out, in, R, 1.0f, g, out, x, in, 1.0f, dw, in);
   if (!db) return;
   for (int64_t r = 0; r < R; ++r) {
     const float* gr = g + r * out;
     for (int64_t j = 0; j < out; ++j) db[j] += gr[j];
   }
-}
-
-// Row i of a T x T score matrix in place: softmax over the keys it may see (all, or 0..i when causal),
-// the others 0.
-void softmaxRow(float* s, int64_t i, int64_t T, bool causal) {
-  const int64_t seen = causal ? i + 1 : T;
-  const float mx = *std::max_element(s, s + seen);
-  float sum = 0.0f;
-  for (int64_t j = 0; j < seen; ++j) {
-    s[j] = std::exp(s[j] - mx);
-    sum += s[j];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t j = 0; j < seen; ++j) s[j] *= inv;
-  std::fill(s + seen, s + T, 0.0f);
 }
 
 }  // namespace
@@ -85,96 +72,54 @@ Tensor MultiHeadAttentionModule::forward(const Tensor& input) {
   requireInput(input, repr() + ".forward", 3, "(N, T, E)");
   CYX_CHECK(!input.isCuda(), repr(), " has CPU kernels only and its input is on ", input.device().str());
   outputShape(input.shape());
-  const int64_t N = input.size(0), T = input.size(1), E = embed_, H = heads_, dh = E / H, R = N * T;
+  const int64_t N = input.size(0), T = input.size(1), E = embed_, H = heads_, R = N * T;
   CYX_CHECK(T > 0, repr(), ".forward: the sequences are empty");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-  input_ = keepForBackward(input);
+  // Under autocast (autocast.h) the projections take 16-bit operands with float32 accumulation and keep
+  // their 16-bit inputs; Q, K and V are rounded to the 16-bit type, as torch's 16-bit projections hand
+  // them to attention; the scores, the softmax and P V stay float32.
+  const std::optional<DType> half = autocastDtype();
+  input_ = half ? narrowActivation(input, *half) : keepForBackward(input);
   qkv_ = Tensor::empty({R, 3 * E});
-  project(input_.data<float>(), inWeight_.value.data<float>(), bias_ ? inBias_.value.data<float>() : nullptr,
-          qkv_.data<float>(), R, E, 3 * E);
-  probs_ = Tensor::empty({N, H, T, T});
-  attn_ = Tensor::empty({R, E});
-  const bool drop = training_ && dropout_ > 0.0;
-  mask_ = Tensor();
-  if (drop) {  // drawn in order on the caller's thread: the same masks whatever the thread count
-    mask_ = Tensor::empty({N, H, T, T});
-    const float keep = static_cast<float>(1.0 - dropout_), inv = 1.0f / keep;
-    float* m = mask_.data<float>();
-    auto& gen = globalGenerator();
-    for (int64_t i = 0; i < mask_.numel(); ++i) m[i] = uniform01(gen) < keep ? inv : 0.0f;
+  const float* inBias = bias_ ? inBias_.value.data<float>() : nullptr;
+  if (half) {
+    linearForward16(input_.reshape({R, E}), inWeight_.value.data<float>(), inBias, qkv_.data<float>(), 3 * E, false);
+    roundFloats(qkv_.data<float>(), qkv_.data<float>(), qkv_.numel(), *half);
+  } else {
+    project(input_.data<float>(), inWeight_.value.data<float>(), inBias, qkv_.data<float>(), R, E, 3 * E);
   }
-  const float* qkv = qkv_.data<float>();
-  // One (sample, head) pair a task: each writes its own weights and its own columns of attn_.
-  parallelFor(N * H, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> dropped(drop ? static_cast<size_t>(T * T) : 0);
-    for (int64_t k = first; k < last; ++k) {
-      const int64_t n = k / H, h = k % H;
-      const float* q = qkv + n * T * 3 * E + h * dh;  // rows of stride 3E: Q, then K and V E and 2E further
-      float* p = probs_.data<float>() + k * T * T;
-      blas::sgemm(false, true, T, T, dh, scale, q, 3 * E, q + E, 3 * E, 0.0f, p, T);
-      for (int64_t i = 0; i < T; ++i) softmaxRow(p + i * T, i, T, causal_);
-      const float* weights = p;
-      if (drop) {
-        const float* m = mask_.data<float>() + k * T * T;
-        for (int64_t i = 0; i < T * T; ++i) dropped[static_cast<size_t>(i)] = p[i] * m[i];
-        weights = dropped.data();
-      }
-      blas::sgemm(false, false, T, dh, T, 1.0f, weights, T, q + 2 * E, 3 * E, 0.0f, attn_.data<float>() + n * T * E + h * dh, E);
-    }
-  });
+  attn_ = Tensor::empty({R, E});
+  lse_ = Tensor::empty({N, H, T});
+  drop_ = {};
+  if (training_ && dropout_ > 0.0) {  // one draw of the engine's stream: the mask is a function of it
+    drop_.keep = static_cast<float>(1.0 - dropout_);
+    drop_.seed = globalGenerator()();
+  }
+  attention_cpu::forward({N, T, E, H, causal_}, drop_, qkv_.data<float>(), attn_.data<float>(), lse_.data<float>());
   Tensor output = Tensor::empty({N, T, E});
-  project(attn_.data<float>(), outWeight_.value.data<float>(), bias_ ? outBias_.value.data<float>() : nullptr,
-          output.data<float>(), R, E, E);
+  const float* outBias = bias_ ? outBias_.value.data<float>() : nullptr;
+  if (half) {
+    attn_ = narrowActivation(attn_, *half);  // out_proj's kept input; backward widens it for the core
+    linearForward16(attn_, outWeight_.value.data<float>(), outBias, output.data<float>(), E, false);
+  } else {
+    project(attn_.data<float>(), outWeight_.value.data<float>(), outBias, output.data<float>(), R, E, E);
+  }
   return output;
 }
 
 Tensor MultiHeadAttentionModule::backward(const Tensor& gradOutput) {
   checkBackward(input_, gradOutput, input_.shape());
-  const int64_t N = input_.size(0), T = input_.size(1), E = embed_, H = heads_, dh = E / H, R = N * T;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  const int64_t N = input_.size(0), T = input_.size(1), E = embed_, H = heads_, R = N * T;
+  if (input_.dtype() != DType::Float32) return backward16(gradOutput);
   const float* g = gradOutput.data<float>();
   // out_proj: its parameters' gradients, and the heads' outputs' gradient.
-  projectBackward(attn_.data<float>(), g, outWeight_.value.data<float>(), outWeight_.grad.data<float>(),
-                  bias_ ? outBias_.grad.data<float>() : nullptr, R, E, E);
+  projectBackward(attn_.data<float>(), g, outWeight_.grad.data<float>(), bias_ ? outBias_.grad.data<float>() : nullptr,
+                  R, E, E);
   Tensor dattn = Tensor::empty({R, E});
   blas::sgemm(false, false, R, E, E, 1.0f, g, E, outWeight_.value.data<float>(), E, 0.0f, dattn.data<float>(), E);
   Tensor dqkv = Tensor::empty({R, 3 * E});
-  const float* qkv = qkv_.data<float>();
-  parallelFor(N * H, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> dp(static_cast<size_t>(T * T)), dropped(mask_.defined() ? static_cast<size_t>(T * T) : 0);
-    for (int64_t k = first; k < last; ++k) {
-      const int64_t n = k / H, h = k % H;
-      const float* q = qkv + n * T * 3 * E + h * dh;
-      float* dq = dqkv.data<float>() + n * T * 3 * E + h * dh;
-      const float* dO = dattn.data<float>() + n * T * E + h * dh;
-      const float* p = probs_.data<float>() + (n * H + h) * T * T;
-      const float* m = mask_.defined() ? mask_.data<float>() + (n * H + h) * T * T : nullptr;
-      const float* weights = p;
-      if (m) {
-        for (int64_t i = 0; i < T * T; ++i) dropped[static_cast<size_t>(i)] = p[i] * m[i];
-        weights = dropped.data();
-      }
-      // dV = weights^T dO; dWeights = dO V^T (then through the dropout mask).
-      blas::sgemm(true, false, T, dh, T, 1.0f, weights, T, dO, E, 0.0f, dq + 2 * E, 3 * E);
-      blas::sgemm(false, true, T, T, dh, 1.0f, dO, E, q + 2 * E, 3 * E, 0.0f, dp.data(), T);
-      // dS = P (dP - rowsum(dP P)): the softmax's Jacobian; masked keys have P = 0 and get 0.
-      for (int64_t i = 0; i < T; ++i) {
-        float* d = dp.data() + i * T;
-        const float* pr = p + i * T;
-        if (m) {
-          for (int64_t j = 0; j < T; ++j) d[j] *= m[i * T + j];
-        }
-        double dot = 0.0;
-        for (int64_t j = 0; j < T; ++j) dot += static_cast<double>(d[j]) * pr[j];
-        const float c = static_cast<float>(dot);
-        for (int64_t j = 0; j < T; ++j) d[j] = pr[j] * (d[j] - c);
-      }
-      // dQ = dS K scale; dK = dS^T Q scale.
-      blas::sgemm(false, false, T, dh, T, scale, dp.data(), T, q + E, 3 * E, 0.0f, dq, 3 * E);
-      blas::sgemm(true, false, T, dh, T, scale, dp.data(), T, q, 3 * E, 0.0f, dq + E, 3 * E);
-    }
-  });
-  projectBackward(input_.data<float>(), dqkv.data<float>(), inWeight_.value.data<float>(), inWeight_.grad.data<float>(),
+  attention_cpu::backward({N, T, E, H, causal_}, drop_, qkv_.data<float>(), attn_.data<float>(), lse_.data<float>(),
+                          dattn.data<float>(), dqkv.data<float>());
+  projectBackward(input_.data<float>(), dqkv.data<float>(), inWeight_.grad.data<float>(),
                   bias_ ? inBias_.grad.data<float>() : nullptr, R, E, 3 * E);
   gradsReady();
   if (!needInputGrad_) return Tensor();
@@ -182,6 +127,27 @@ Tensor MultiHeadAttentionModule::backward(const Tensor& gradOutput) {
   blas::sgemm(false, false, R, E, 3 * E, 1.0f, dqkv.data<float>(), 3 * E, inWeight_.value.data<float>(), E, 0.0f,
               gradInput.data<float>(), E);
   return gradInput;
+}
+
+// After an autocast forward: the projections' backward as LinearModule's (the incoming gradient rounded to
+// the 16-bit type, 16-bit operands, float32 accumulation); the core as in float32, on Q, K, V as forward
+// rounded them and on the heads' outputs widened back from their 16-bit copy.
+Tensor MultiHeadAttentionModule::backward16(const Tensor& gradOutput) {
+  const int64_t N = input_.size(0), T = input_.size(1), E = embed_, H = heads_, R = N * T;
+  const DType dtype = input_.dtype();
+  const Tensor gr = roundGradient16(gradOutput.reshape({R, E}), dtype);
+  linearParamGrads16(attn_, gr, outWeight_.grad.data<float>(), bias_ ? outBias_.grad.data<float>() : nullptr);
+  const Tensor dattn = linearInputGrad16(gr, outWeight_.value.data<float>(), E, dtype);
+  Tensor attn = Tensor::empty({R, E});
+  widenFloats(static_cast<const uint16_t*>(attn_.rawData()), attn.data<float>(), attn.numel(), dtype);
+  Tensor dqkv = Tensor::empty({R, 3 * E});
+  attention_cpu::backward({N, T, E, H, causal_}, drop_, qkv_.data<float>(), attn.data<float>(), lse_.data<float>(),
+                          dattn.data<float>(), dqkv.data<float>());
+  const Tensor gq = roundGradient16(dqkv, dtype);
+  linearParamGrads16(input_.reshape({R, E}), gq, inWeight_.grad.data<float>(), bias_ ? inBias_.grad.data<float>() : nullptr);
+  gradsReady();
+  if (!needInputGrad_) return Tensor();
+  return linearInputGrad16(gq, inWeight_.value.data<float>(), E, dtype).reshape(input_.shape());
 }
 
 ModuleSpec MultiHeadAttentionModule::spec() const {

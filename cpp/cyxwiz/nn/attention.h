@@ -4,12 +4,13 @@
 //
 // Per sample and head: S = Q K^T / sqrt(E / H), causal positions (key after query) masked to -inf,
 // P = softmax(S) in float32 (stable), dropout on P in training, O = P V; the heads' O side by side
-// go through out_proj. The products are sgemm calls on strided views of the projections (no copies of
-// Q, K, V); forward keeps P (N x H x T x T floats) for backward. CPU kernels.
+// go through out_proj. The core runs blocked (attention_cpu.h): forward keeps one log-sum-exp per query,
+// not the (N, H, T, T) weights, and backward recomputes them. CPU kernels.
 #pragma once
 
 #include <vector>
 
+#include "cyxwiz/nn/attention_cpu.h"
 #include "cyxwiz/nn/module.h"
 
 namespace cyxwiz::nn {
@@ -36,18 +37,22 @@ class MultiHeadAttentionModule : public Module {
 
  protected:
   void clearCache() override {
-    input_ = qkv_ = attn_ = probs_ = mask_ = Tensor();
+    input_ = qkv_ = attn_ = lse_ = Tensor();
   }
 
  private:
+  Tensor backward16(const Tensor& gradOutput);  // after an autocast forward
+
   int64_t embed_, heads_;
   bool causal_;
   double dropout_;
   bool bias_;
   Parameter inWeight_, inBias_, outWeight_, outBias_;
-  // Forward's: the input, the projections (N*T, 3E), the heads' outputs (N*T, E), the attention weights
-  // (N, H, T, T) before dropout, and the dropout mask (scaled keep, 0 or 1/(1-p)) when it applied.
-  Tensor input_, qkv_, attn_, probs_, mask_;
+  // Forward's: the input, the projections (N*T, 3E), the heads' outputs (N*T, E; under autocast the input and
+  // the heads' outputs are 16-bit copies, the projections float32 holding 16-bit values), each query's log-sum-exp
+  // of its scores (N, H, T), and the dropout it drew (its seed; keep 1 when none applied).
+  Tensor input_, qkv_, attn_, lse_;
+  attention_cpu::Dropout drop_;
 };
 
 }  // namespace cyxwiz::nn

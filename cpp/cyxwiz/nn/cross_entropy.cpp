@@ -9,7 +9,12 @@
 namespace cyxwiz::nn {
 
 void CrossEntropyLoss::checkTarget(const Shape& outputShape, const Tensor& target, const std::string& who) const {
-  checkClassTarget(outputShape, target, who);
+  checkClassTarget(outputShape, target, who, ignore_);
+}
+
+int64_t CrossEntropyLoss::terms(const Shape& outputShape, const Tensor& target) const {
+  (void)outputShape;
+  return countTargets(target, ignore_);
 }
 
 void CrossEntropyLoss::addLossSum(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) const {
@@ -19,8 +24,8 @@ void CrossEntropyLoss::addLossSum(const Tensor& output, const Tensor& target, Te
   if (output.isCuda()) {
     CYX_CUDA(crossEntropyForward(output.device().index, output.deviceData<float>(),
                                  indices ? target.deviceData<int64_t>() : nullptr,
-                                 indices ? nullptr : target.deviceData<float>(), rows, classes, 1.0,
-                                 sums.deviceData<double>() + index));
+                                 indices ? nullptr : target.deviceData<float>(), rows, classes,
+                                 ignore_.value_or(cuda::kNoIgnoreIndex), 1.0, sums.deviceData<double>() + index));
     return;
   }
   const float* x = output.data<float>();
@@ -32,7 +37,8 @@ void CrossEntropyLoss::addLossSum(const Tensor& output, const Tensor& target, Te
     for (int64_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(xr[c] - mx));
     const double logSumExp = mx + std::log(sum);
     if (indices) {
-      total += logSumExp - xr[target.data<int64_t>()[r]];
+      const int64_t label = target.data<int64_t>()[r];
+      if (label != ignore_) total += logSumExp - xr[label];
     } else {
       const float* p = target.data<float>() + r * classes;
       for (int64_t c = 0; c < classes; ++c) total += p[c] * (logSumExp - xr[c]);
@@ -50,17 +56,23 @@ Tensor CrossEntropyLoss::gradient(const Tensor& output, const Tensor& target) co
     CYX_CUDA(crossEntropyBackward(output.device().index, output.deviceData<float>(),
                                   indices ? target.deviceData<int64_t>() : nullptr,
                                   indices ? nullptr : target.deviceData<float>(), grad.deviceData<float>(), rows,
-                                  classes));
+                                  classes, ignore_.value_or(cuda::kNoIgnoreIndex)));
     return grad;
   }
   Tensor grad = Tensor::empty(output.shape());
   float* g = grad.data<float>();
   softmaxRows(output.data<float>(), g, rows, classes);
-  const float invRows = 1.0f / static_cast<float>(rows);
+  // The mean's count: rows not ignored (no rows counted: every gradient row is 0 anyway).
+  const float invRows = 1.0f / static_cast<float>(std::max<int64_t>(countTargets(target, ignore_), 1));
   for (int64_t r = 0; r < rows; ++r) {
     float* gr = g + r * classes;
     if (indices) {
-      gr[target.data<int64_t>()[r]] -= 1.0f;
+      const int64_t label = target.data<int64_t>()[r];
+      if (label == ignore_) {
+        std::fill(gr, gr + classes, 0.0f);
+        continue;
+      }
+      gr[label] -= 1.0f;
       for (int64_t c = 0; c < classes; ++c) gr[c] *= invRows;
     } else {
       const float* p = target.data<float>() + r * classes;

@@ -21,7 +21,7 @@ double Loss::forward(const Tensor& output, const Tensor& target) {
   const Tensor t = prepareTarget(output, target, typeName() + ".forward");
   Tensor sum = scalarSum(output);
   addLossSum(output, t, sum, 0);
-  return readScalar(sum) / static_cast<double>(terms(output.shape()));
+  return readScalar(sum) / static_cast<double>(terms(output.shape(), t));
 }
 
 Tensor Loss::prepareTarget(const Tensor& output, const Tensor& target, const std::string& who) const {
@@ -51,7 +51,7 @@ std::string labelPosition(int64_t flat, const Shape& labels) {
 
 }  // namespace
 
-bool checkClassTarget(const Shape& outputShape, const Tensor& target, const std::string& who) {
+bool checkClassTarget(const Shape& outputShape, const Tensor& target, const std::string& who, IgnoreIndex ignore) {
   CYX_CHECK(outputShape.size() >= 2, who, ": expected output of shape (batch, classes) or (batch, ..., classes), got ",
             shapeString(outputShape));
   const int64_t rows = outputShape[0], classes = outputShape.back();
@@ -68,8 +68,9 @@ bool checkClassTarget(const Shape& outputShape, const Tensor& target, const std:
     const Tensor host = target.to(Device{});  // labels on a GPU: a small copy, checked here
     const int64_t* t = host.data<int64_t>();
     for (int64_t r = 0; r < host.numel(); ++r) {
-      CYX_CHECK(t[r] >= 0 && t[r] < classes, who, ": target class ", t[r], " at ", labelPosition(r, labels),
-                " is out of range for ", classes, " classes (valid: 0..", classes - 1, ")");
+      CYX_CHECK((t[r] >= 0 && t[r] < classes) || t[r] == ignore, who, ": target class ", t[r], " at ",
+                labelPosition(r, labels), " is out of range for ", classes, " classes (valid: 0..", classes - 1,
+                ignore ? makeString(", or ignore_index ", *ignore) : std::string(), ")");
     }
     return true;
   }
@@ -81,13 +82,21 @@ bool checkClassTarget(const Shape& outputShape, const Tensor& target, const std:
 
 Tensor targetOnDevice(const Tensor& output, const Tensor& target) { return target.to(output.device()); }
 
-void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index) {
+int64_t countTargets(const Tensor& target, IgnoreIndex ignore) {
+  if (target.dtype() != DType::Int64) return target.dim() ? target.numel() / target.size(target.dim() - 1) : 0;
+  if (!ignore) return target.numel();
+  const Tensor host = target.to(Device{});
+  const int64_t* t = host.data<int64_t>();
+  return static_cast<int64_t>(host.numel() - std::count(t, t + host.numel(), *ignore));
+}
+
+void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index, IgnoreIndex ignore) {
   const bool indices = target.dtype() == DType::Int64;
   const int64_t classes = output.size(output.dim() - 1), rows = output.numel() / classes;  // every position
   if (output.isCuda()) {
     CYX_CUDA(countCorrect(output.device().index, output.deviceData<float>(), indices ? target.deviceData<int64_t>() : nullptr,
                           indices ? nullptr : target.deviceData<float>(), rows, classes,
-                          sums.deviceData<double>() + index));
+                          ignore.value_or(cuda::kNoIgnoreIndex), sums.deviceData<double>() + index));
     return;
   }
   const float* y = output.data<float>();
@@ -98,6 +107,7 @@ void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, i
     int64_t truth;
     if (indices) {
       truth = target.data<int64_t>()[r];
+      if (truth == ignore) continue;
     } else {
       const float* t = target.data<float>() + r * classes;
       truth = std::max_element(t, t + classes) - t;
@@ -107,17 +117,18 @@ void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, i
   sums.data<double>()[index] += static_cast<double>(correct);
 }
 
-int64_t countCorrect(const Tensor& output, const Tensor& target) {
+int64_t countCorrect(const Tensor& output, const Tensor& target, IgnoreIndex ignore) {
   if (output.dtype() != DType::Float32) throw TypeMismatch(makeString("accuracy: expected float32 output, got ", dtypeName(output.dtype())));
-  checkClassTarget(output.shape(), target, "accuracy");
+  checkClassTarget(output.shape(), target, "accuracy", ignore);
   Tensor sum = scalarSum(output);
-  addCorrectCount(output, targetOnDevice(output, target), sum, 0);
+  addCorrectCount(output, targetOnDevice(output, target), sum, 0, ignore);
   return static_cast<int64_t>(readScalar(sum));
 }
 
-double accuracy(const Tensor& output, const Tensor& target) {
-  const int64_t classes = output.dim() ? output.size(output.dim() - 1) : 1;
-  return static_cast<double>(countCorrect(output, target)) / static_cast<double>(output.numel() / std::max<int64_t>(classes, 1));
+double accuracy(const Tensor& output, const Tensor& target, IgnoreIndex ignore) {
+  // Over the positions that count: NaN when every one is ignored (0 / 0, as torch's mean loss).
+  const int64_t correct = countCorrect(output, target, ignore);
+  return static_cast<double>(correct) / static_cast<double>(countTargets(target, ignore));
 }
 
 }  // namespace cyxwiz::nn

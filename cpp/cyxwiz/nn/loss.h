@@ -10,11 +10,15 @@
 // leave everything where the output lives: a GPU step then needs no host read at all.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "cyxwiz/tensor/tensor.h"
 
 namespace cyxwiz::nn {
+
+// A class index that marks a position to leave out (torch's ignore_index), or none.
+using IgnoreIndex = std::optional<int64_t>;
 
 class Loss {
  public:
@@ -23,11 +27,17 @@ class Loss {
   // True when a 1-D target means class indices (CrossEntropyLoss), false when targets are values
   // of the output's shape (MSELoss): the bindings convert targets accordingly.
   virtual bool takesClassIndices() const = 0;
+  // The class index whose positions count neither in the mean nor in accuracy (CrossEntropyLoss's).
+  virtual IgnoreIndex ignoreIndex() const { return std::nullopt; }
 
   double forward(const Tensor& output, const Tensor& target);
   // How many terms the mean of an output of this shape averages: its rows (N), or for a loss over
-  // sequences every position (N * T of an (N, T, classes) output).
-  virtual int64_t terms(const Shape& outputShape) const { return outputShape.at(0); }
+  // sequences every position (N * T of an (N, T, classes) output), less those a class-index target
+  // marks as ignored (CrossEntropyLoss's ignore_index). `target` as checkTarget accepts it.
+  virtual int64_t terms(const Shape& outputShape, const Tensor& target) const {
+    (void)target;
+    return outputShape.at(0);
+  }
   Tensor backward(const Tensor& output, const Tensor& target);
 
   // Throws (naming `who`) unless `target` fits a float32 output of `outputShape`.
@@ -42,18 +52,22 @@ class Loss {
 };
 
 // Fraction of rows (every position of a sequence output) whose argmax equals the class index (or the
-// target row's argmax).
-double accuracy(const Tensor& output, const Tensor& target);
+// target row's argmax); positions whose index is `ignore` count neither way.
+double accuracy(const Tensor& output, const Tensor& target, IgnoreIndex ignore = std::nullopt);
 // Number of such rows, for callers that reduce counts across ranks.
-int64_t countCorrect(const Tensor& output, const Tensor& target);
+int64_t countCorrect(const Tensor& output, const Tensor& target, IgnoreIndex ignore = std::nullopt);
 // sums[index] += that number, `target` checked by checkClassTarget and on the output's device.
-void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index);
+void addCorrectCount(const Tensor& output, const Tensor& target, Tensor& sums, int64_t index,
+                     IgnoreIndex ignore = std::nullopt);
+// How many class indices of `target` (int64, any device) are not `ignore`; every row of a float32 target.
+int64_t countTargets(const Tensor& target, IgnoreIndex ignore);
 
-// Throws unless `target` is int64 class indices in [0, classes) of the output's shape without its last
-// dimension ((N,) for (N, classes), (N, T) for (N, T, classes)) or float32 rows of the output's shape.
-// Returns true for class indices. Labels on a GPU are copied to
-// the host for the range check.
-bool checkClassTarget(const Shape& outputShape, const Tensor& target, const std::string& who);
+// Throws unless `target` is int64 class indices in [0, classes) (or equal to `ignore`) of the output's
+// shape without its last dimension ((N,) for (N, classes), (N, T) for (N, T, classes)) or float32 rows of
+// the output's shape. Returns true for class indices. Labels on a GPU are copied to the host for the
+// range check.
+bool checkClassTarget(const Shape& outputShape, const Tensor& target, const std::string& who,
+                      IgnoreIndex ignore = std::nullopt);
 // `target` on the output's device (copied when it is not).
 Tensor targetOnDevice(const Tensor& output, const Tensor& target);
 

@@ -33,7 +33,10 @@ const std::shared_ptr<Module>& SequentialModel::at(size_t i) const {
 
 Tensor SequentialModel::forward(const Tensor& input) {
   CYX_CHECK(!modules_.empty(), "SequentialModel.forward: the model has no layers; add some with model.add(...)");
-  segments_.clear();  // the last step's segment inputs go before this step's are made
+  // The last step's saved activations go before this step's are made (layer by layer they would only be
+  // replaced as the new ones arrive: the top layers' old ones would stay through most of the forward).
+  segments_.clear();
+  for (const auto& m : modules_) m->releaseCache();
   if (training_ && checkpointSegments_ > 1) return forwardCheckpointed(input);
   return runLayers(0, modules_.size(), input.to(device_));
 }

@@ -2,6 +2,7 @@
 // same kernel_math.h functions, queued on the stream through cxemu::enqueue, with the block
 // reductions replayed in the GPU's order (block.h). A row of `cols` runs as a block of
 // rowThreads(cols) threads, the partials' blocks as the launches size them (launch.h).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <utility>
@@ -100,7 +101,7 @@ void launchSoftmaxBackward(cudaStream_t s, const float* y, const float* g, float
 
 // Block b takes the rows b, b + blocks, ... in order, into partial[b].
 int launchCrossEntropyPartials(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
-                               int64_t rows, int64_t classes, double* partial, int capacity) {
+                               int64_t rows, int64_t classes, int64_t ignore, double* partial, int capacity) {
   const int blocks = rowPartials(rows, capacity);
   std::vector<cxemu::Access> access = classInputs(logits, labels, probs, rows, classes);
   access.push_back(writes(partial, blocks));
@@ -108,6 +109,7 @@ int launchCrossEntropyPartials(cudaStream_t s, const float* logits, const int64_
     for (int b = 0; b < blocks; ++b) {
       double acc = 0.0;
       for (int64_t r = b; r < rows; r += blocks) {
+        if (labels && labels[r] == ignore) continue;
         acc += crossEntropyRow(logits + r * classes, labels, probs, r, classes);
       }
       partial[b] = acc;
@@ -135,7 +137,7 @@ int launchSquaredErrorPartials(cudaStream_t s, const float* y, const float* t, i
 }
 
 int launchCountCorrectPartials(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
-                               int64_t rows, int64_t classes, long long* partial, int capacity) {
+                               int64_t rows, int64_t classes, int64_t ignore, long long* partial, int capacity) {
   const int blocks = rowPartials(rows, capacity);
   std::vector<cxemu::Access> access = classInputs(logits, labels, probs, rows, classes);
   access.push_back(writes(partial, blocks));
@@ -143,6 +145,7 @@ int launchCountCorrectPartials(cudaStream_t s, const float* logits, const int64_
     for (int b = 0; b < blocks; ++b) {
       long long acc = 0;
       for (int64_t r = b; r < rows; r += blocks) {
+        if (labels && labels[r] == ignore) continue;
         const int64_t predicted = rowArgMax(logits + r * classes, classes);
         const int64_t truth = labels ? labels[r] : rowArgMax(probs + r * classes, classes);
         acc += predicted == truth;
@@ -151,6 +154,12 @@ int launchCountCorrectPartials(cudaStream_t s, const float* logits, const int64_
     }
   });
   return blocks;
+}
+
+void launchCountLabels(cudaStream_t s, const int64_t* labels, int64_t rows, int64_t ignore, long long* count) {
+  cxemu::enqueue(s, "countLabelsKernel", {reads(labels, rows), writes(count, 1)}, [=] {
+    *count = blockStridedSum<long long>(kThreads, rows, [&](int64_t r) { return labels[r] != ignore ? 1LL : 0LL; });
+  });
 }
 
 void launchFinishSum(cudaStream_t s, const double* partial, int count, double scale, double* sum) {
@@ -166,21 +175,28 @@ void launchFinishCount(cudaStream_t s, const long long* partial, int count, doub
 }
 
 void launchCrossEntropyBackward(cudaStream_t s, const float* logits, const int64_t* labels, const float* probs,
-                                float* grad, int64_t rows, int64_t classes, float invRows) {
+                                float* grad, int64_t rows, int64_t classes, int64_t ignore, float invRows,
+                                const long long* count) {
   std::vector<cxemu::Access> access = classInputs(logits, labels, probs, rows, classes);
   access.push_back(writes(grad, rows * classes));
+  if (count) access.push_back(reads(count, 1));
   cxemu::enqueue(s, "crossEntropyBackwardKernel", std::move(access), [=] {
+    const float scale = count ? 1.0f / static_cast<float>(*count > 0 ? *count : 1) : invRows;
     for (int64_t r = 0; r < rows; ++r) {
       float* gr = grad + r * classes;
+      if (labels && labels[r] == ignore) {
+        std::fill(gr, gr + classes, 0.0f);
+        continue;
+      }
       const float inv = softmaxNumerators(logits + r * classes, gr, classes);
       if (labels) {
         const int64_t label = labels[r];
-        for (int64_t c = 0; c < classes; ++c) gr[c] = crossEntropyLabelGrad(gr[c], inv, c == label, invRows);
+        for (int64_t c = 0; c < classes; ++c) gr[c] = crossEntropyLabelGrad(gr[c], inv, c == label, scale);
       } else {
         const float* p = probs + r * classes;
         const float mass = static_cast<float>(blockStridedSum<double>(
             rowThreads(classes), classes, [&](int64_t c) { return static_cast<double>(p[c]); }));
-        for (int64_t c = 0; c < classes; ++c) gr[c] = crossEntropyProbsGrad(gr[c], inv, mass, p[c], invRows);
+        for (int64_t c = 0; c < classes; ++c) gr[c] = crossEntropyProbsGrad(gr[c], inv, mass, p[c], scale);
       }
     }
   });
