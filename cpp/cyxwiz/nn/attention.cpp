@@ -82,6 +82,7 @@ Shape MultiHeadAttentionModule::outputShape(const Shape& input) const {
 }
 
 Tensor MultiHeadAttentionModule::forward(const Tensor& input) {
+  if (input.isCuda()) return forwardGpu(input);
   requireInput(input, repr() + ".forward", 3, "(N, T, E)");
   CYX_CHECK(!input.isCuda(), repr(), " has CPU kernels only and its input is on ", input.device().str());
   outputShape(input.shape());
@@ -129,6 +130,7 @@ Tensor MultiHeadAttentionModule::forward(const Tensor& input) {
 }
 
 Tensor MultiHeadAttentionModule::backward(const Tensor& gradOutput) {
+  if (input_.isCuda()) return backwardGpu(gradOutput);
   checkBackward(input_, gradOutput, input_.shape());
   const int64_t N = input_.size(0), T = input_.size(1), E = embed_, H = heads_, dh = E / H, R = N * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));

@@ -5,14 +5,18 @@
 // Per sample and head: S = Q K^T / sqrt(E / H), causal positions (key after query) masked to -inf,
 // P = softmax(S) in float32 (stable), dropout on P in training, O = P V; the heads' O side by side
 // go through out_proj. The products are sgemm calls on strided views of the projections (no copies of
-// Q, K, V); forward keeps P (N x H x T x T floats) for backward. CPU kernels.
+// Q, K, V); forward keeps P (N x H x T x T floats) for backward. On a GPU (attention_gpu.cpp) the same
+// products are cuBLAS strided batched GEMMs; float32 under autocast on both devices.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "cyxwiz/nn/module.h"
 
 namespace cyxwiz::nn {
+
+class DropoutModule;
 
 class MultiHeadAttentionModule : public Module {
  public:
@@ -26,7 +30,7 @@ class MultiHeadAttentionModule : public Module {
   ModuleSpec spec() const override;
   std::string repr() const override;
   Shape outputShape(const Shape& input) const override;
-  bool runsOnGpu() const override { return false; }
+  std::vector<Module*> innerModules() override;
 
   int64_t embedDim() const { return embed_; }
   int64_t numHeads() const { return heads_; }
@@ -37,6 +41,7 @@ class MultiHeadAttentionModule : public Module {
  protected:
   void clearCache() override {
     input_ = qkv_ = attn_ = probs_ = mask_ = Tensor();
+    clearGpuCache();
   }
 
  private:
@@ -48,6 +53,15 @@ class MultiHeadAttentionModule : public Module {
   // Forward's: the input, the projections (N*T, 3E), the heads' outputs (N*T, E), the attention weights
   // (N, H, T, T) before dropout, and the dropout mask (scaled keep, 0 or 1/(1-p)) when it applied.
   Tensor input_, qkv_, attn_, probs_, mask_;
+
+  // The GPU path (attention_gpu.cpp): forward and backward dispatch CUDA inputs there. The weights'
+  // dropout runs as a DropoutModule (counter-based masks, a seed the graphed step can rewrite),
+  // made at the first GPU forward that drops; dropped_ holds the dropped weights for backward.
+  Tensor forwardGpu(const Tensor& input);
+  Tensor backwardGpu(const Tensor& gradOutput);
+  void clearGpuCache();
+  std::shared_ptr<DropoutModule> gpuDropout_;
+  Tensor dropped_;
 };
 
 }  // namespace cyxwiz::nn

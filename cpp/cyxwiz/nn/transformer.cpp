@@ -1,6 +1,8 @@
 #include "cyxwiz/nn/transformer.h"
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
+#include "cyxwiz/device/ops.h"
 #include "cyxwiz/nn/elementwise.h"
 #include "cyxwiz/nn/gelu.h"
 #include "cyxwiz/nn/relu.h"
@@ -9,7 +11,14 @@ namespace cyxwiz::nn {
 
 namespace {
 
-Tensor sum(const Tensor& a, const Tensor& b) { return zipElements(a, b, [](float x, float y) { return x + y; }); }
+// a + b: a residual connection, or its gradient reaching both terms.
+Tensor sum(const Tensor& a, const Tensor& b) {
+  if (!a.isCuda()) return zipElements(a, b, [](float x, float y) { return x + y; });
+  ops::requireSameDevice(a, b, "TransformerEncoderModule");
+  Tensor out = Tensor::empty(a.shape(), DType::Float32, a.device());
+  CYX_CUDA(add(a.device().index, a.deviceData<float>(), b.deviceData<float>(), out.deviceData<float>(), a.numel()));
+  return out;
+}
 
 }  // namespace
 
@@ -50,6 +59,21 @@ std::vector<std::pair<std::string, Parameter*>> TransformerEncoderModule::namedP
   std::vector<std::pair<std::string, Parameter*>> out;
   for (auto& [prefix, m] : named()) {
     for (auto& [name, p] : m->namedParameters()) out.emplace_back(prefix + name, p);
+  }
+  return out;
+}
+
+std::vector<Module*> TransformerEncoderModule::innerModules() {
+  Module* attnDrop = drop1_.get();
+  std::vector<Module*> ff = {linear1_.get(), act_.get(), drop_.get(), linear2_.get(), drop2_.get()};
+  std::vector<Module*> out;
+  if (normFirst_) {
+    out = {norm1_.get(), attn_.get(), attnDrop, norm2_.get()};
+    out.insert(out.end(), ff.begin(), ff.end());
+  } else {
+    out = {attn_.get(), attnDrop, norm1_.get()};
+    out.insert(out.end(), ff.begin(), ff.end());
+    out.push_back(norm2_.get());
   }
   return out;
 }
