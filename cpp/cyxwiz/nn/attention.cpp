@@ -130,7 +130,7 @@ Tensor MultiHeadAttentionModule::forward(const Tensor& input) {
 }
 
 Tensor MultiHeadAttentionModule::backward(const Tensor& gradOutput) {
-  if (input_.isCuda()) return backwardGpu(gradOutput);
+  if (gpuInput_.defined()) return backwardGpu(gradOutput);
   checkBackward(input_, gradOutput, input_.shape());
   const int64_t N = input_.size(0), T = input_.size(1), E = embed_, H = heads_, dh = E / H, R = N * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));

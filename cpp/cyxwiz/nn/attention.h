@@ -54,14 +54,16 @@ class MultiHeadAttentionModule : public Module {
   // (N, H, T, T) before dropout, and the dropout mask (scaled keep, 0 or 1/(1-p)) when it applied.
   Tensor input_, qkv_, attn_, probs_, mask_;
 
-  // The GPU path (attention_gpu.cpp): forward and backward dispatch CUDA inputs there. The weights'
-  // dropout runs as a DropoutModule (counter-based masks, a seed the graphed step can rewrite),
-  // made at the first GPU forward that drops; dropped_ holds the dropped weights for backward.
+  // The GPU path (attention_gpu.cpp): forward dispatches CUDA inputs there, backward follows when the
+  // GPU forward ran. Its own caches (the CPU path's may change independently): the input, the
+  // projections, the heads' outputs, the weights P and the dropped weights. The weights' dropout runs as
+  // a DropoutModule (counter-based masks, a seed the graphed step can rewrite), made at the first GPU
+  // forward that drops.
   Tensor forwardGpu(const Tensor& input);
   Tensor backwardGpu(const Tensor& gradOutput);
   void clearGpuCache();
   std::shared_ptr<DropoutModule> gpuDropout_;
-  Tensor dropped_;
+  Tensor gpuInput_, gpuQkv_, gpuAttn_, gpuProbs_, gpuDropped_;
 };
 
 }  // namespace cyxwiz::nn

@@ -44,7 +44,7 @@ std::vector<Module*> MultiHeadAttentionModule::innerModules() {
 }
 
 void MultiHeadAttentionModule::clearGpuCache() {
-  dropped_ = Tensor();
+  gpuInput_ = gpuQkv_ = gpuAttn_ = gpuProbs_ = gpuDropped_ = Tensor();
   if (gpuDropout_) gpuDropout_->releaseCache();
 }
 
@@ -58,65 +58,64 @@ Tensor MultiHeadAttentionModule::forwardGpu(const Tensor& input) {
   CYX_CHECK(T > 0, repr(), ".forward: the sequences are empty");
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   clearGpuCache();
-  input_ = keepForBackward(input);
-  qkv_ = Tensor::empty({R, 3 * E}, DType::Float32, device);
-  ops::linearForward(device, input_.deviceData<float>(), inWeight_.value.deviceData<float>(),
-                     bias_ ? inBias_.value.deviceData<float>() : nullptr, qkv_.deviceData<float>(), R, E, 3 * E, false);
-  const float* qkv = qkv_.deviceData<float>();
+  gpuInput_ = keepForBackward(input);
+  gpuQkv_ = Tensor::empty({R, 3 * E}, DType::Float32, device);
+  ops::linearForward(device, gpuInput_.deviceData<float>(), inWeight_.value.deviceData<float>(),
+                     bias_ ? inBias_.value.deviceData<float>() : nullptr, gpuQkv_.deviceData<float>(), R, E, 3 * E, false);
+  const float* qkv = gpuQkv_.deviceData<float>();
   const HeadView q{qkv, 3 * E, T * 3 * E, dh}, k{qkv + E, 3 * E, T * 3 * E, dh}, v{qkv + 2 * E, 3 * E, T * 3 * E, dh};
   // S = scale Q K^T, then the softmax in place: P.
-  probs_ = Tensor::empty({N, H, T, T}, DType::Float32, device);
-  const HeadView p{probs_.deviceData<float>(), T, H * T * T, T * T};
+  gpuProbs_ = Tensor::empty({N, H, T, T}, DType::Float32, device);
+  const HeadView p{gpuProbs_.deviceData<float>(), T, H * T * T, T * T};
   perHead(device, N, H, false, true, T, T, dh, scale, q, k, 0.0f, p);
-  CYX_CUDA(maskedSoftmaxForward(device.index, probs_.deviceData<float>(), probs_.deviceData<float>(), N * H * T, T,
+  CYX_CUDA(maskedSoftmaxForward(device.index, gpuProbs_.deviceData<float>(), gpuProbs_.deviceData<float>(), N * H * T, T,
                                 causal_));
-  mask_ = Tensor();
   HeadView weights = p;
   if (training_ && dropout_ > 0.0) {
     if (!gpuDropout_) gpuDropout_ = std::make_shared<DropoutModule>(dropout_);
     gpuDropout_->setTraining(true);
-    dropped_ = gpuDropout_->forward(probs_);
-    weights.p = dropped_.deviceData<float>();
+    gpuDropped_ = gpuDropout_->forward(gpuProbs_);
+    weights.p = gpuDropped_.deviceData<float>();
   }
-  // O = weights V, each head into its columns of attn_.
-  attn_ = Tensor::empty({R, E}, DType::Float32, device);
-  perHead(device, N, H, false, false, T, dh, T, 1.0f, weights, v, 0.0f, HeadView{attn_.deviceData<float>(), E, T * E, dh});
+  // O = weights V, each head into its columns of gpuAttn_.
+  gpuAttn_ = Tensor::empty({R, E}, DType::Float32, device);
+  perHead(device, N, H, false, false, T, dh, T, 1.0f, weights, v, 0.0f, HeadView{gpuAttn_.deviceData<float>(), E, T * E, dh});
   Tensor output = Tensor::empty({N, T, E}, DType::Float32, device);
-  ops::linearForward(device, attn_.deviceData<float>(), outWeight_.value.deviceData<float>(),
+  ops::linearForward(device, gpuAttn_.deviceData<float>(), outWeight_.value.deviceData<float>(),
                      bias_ ? outBias_.value.deviceData<float>() : nullptr, output.deviceData<float>(), R, E, E, false);
   return output;
 }
 
 Tensor MultiHeadAttentionModule::backwardGpu(const Tensor& gradOutput) {
-  checkBackward(input_, gradOutput, input_.shape());
-  const Device device = input_.device();
+  checkBackward(gpuInput_, gradOutput, gpuInput_.shape());
+  const Device device = gpuInput_.device();
   const Tensor gt = gradOutput.to(device);
-  const int64_t N = input_.size(0), T = input_.size(1), E = embed_, H = heads_, dh = E / H, R = N * T;
+  const int64_t N = gpuInput_.size(0), T = gpuInput_.size(1), E = embed_, H = heads_, dh = E / H, R = N * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   const float* g = gt.deviceData<float>();
   // out_proj: dW += g^T attn, db += column sums of g, then the heads' outputs' gradient g W.
-  ops::gemm(device, true, false, E, E, R, 1.0f, g, E, attn_.deviceData<float>(), E, 1.0f,
+  ops::gemm(device, true, false, E, E, R, 1.0f, g, E, gpuAttn_.deviceData<float>(), E, 1.0f,
             outWeight_.grad.deviceData<float>(), E);
   if (bias_) ops::addColumnSums(device, g, outBias_.grad.deviceData<float>(), R, E);
   Tensor dattn = Tensor::empty({R, E}, DType::Float32, device);
   ops::gemm(device, false, false, R, E, E, 1.0f, g, E, outWeight_.value.deviceData<float>(), E, 0.0f,
             dattn.deviceData<float>(), E);
   Tensor dqkv = Tensor::empty({R, 3 * E}, DType::Float32, device);
-  const float* qkv = qkv_.deviceData<float>();
+  const float* qkv = gpuQkv_.deviceData<float>();
   float* dq = dqkv.deviceData<float>();
   const HeadView q{qkv, 3 * E, T * 3 * E, dh}, k{qkv + E, 3 * E, T * 3 * E, dh}, v{qkv + 2 * E, 3 * E, T * 3 * E, dh};
   const HeadView dQ{dq, 3 * E, T * 3 * E, dh}, dK{dq + E, 3 * E, T * 3 * E, dh}, dV{dq + 2 * E, 3 * E, T * 3 * E, dh};
   const HeadView dO{dattn.deviceData<float>(), E, T * E, dh};
-  const HeadView p{probs_.deviceData<float>(), T, H * T * T, T * T};
-  const HeadView weights{dropped_.defined() ? dropped_.deviceData<float>() : p.p, T, H * T * T, T * T};
+  const HeadView p{gpuProbs_.deviceData<float>(), T, H * T * T, T * T};
+  const HeadView weights{gpuDropped_.defined() ? gpuDropped_.deviceData<float>() : p.p, T, H * T * T, T * T};
   // dV = weights^T dO; dWeights = dO V^T, then back through the dropout mask.
   perHead(device, N, H, true, false, T, dh, T, 1.0f, weights, dO, 0.0f, dV);
   Tensor dp = Tensor::empty({N, H, T, T}, DType::Float32, device);
   perHead(device, N, H, false, true, T, T, dh, 1.0f, dO, v, 0.0f, HeadView{dp.deviceData<float>(), T, H * T * T, T * T});
-  if (dropped_.defined()) dp = gpuDropout_->backward(dp);
+  if (gpuDropped_.defined()) dp = gpuDropout_->backward(dp);
   // dS = P (dP - rowsum(dP P)): the softmax's Jacobian; masked keys have P = 0 and get 0.
   Tensor ds = Tensor::empty({N, H, T, T}, DType::Float32, device);
-  CYX_CUDA(softmaxBackward(device.index, probs_.deviceData<float>(), dp.deviceData<float>(), ds.deviceData<float>(),
+  CYX_CUDA(softmaxBackward(device.index, gpuProbs_.deviceData<float>(), dp.deviceData<float>(), ds.deviceData<float>(),
                            N * H * T, T));
   dp = Tensor();
   const HeadView dS{ds.deviceData<float>(), T, H * T * T, T * T};
@@ -125,12 +124,12 @@ Tensor MultiHeadAttentionModule::backwardGpu(const Tensor& gradOutput) {
   perHead(device, N, H, true, false, T, dh, T, scale, dS, q, 0.0f, dK);
   ds = Tensor();
   // in_proj: dW += dqkv^T x, db += column sums of dqkv, then dx = dqkv W.
-  ops::gemm(device, true, false, 3 * E, E, R, 1.0f, dq, 3 * E, input_.deviceData<float>(), E, 1.0f,
+  ops::gemm(device, true, false, 3 * E, E, R, 1.0f, dq, 3 * E, gpuInput_.deviceData<float>(), E, 1.0f,
             inWeight_.grad.deviceData<float>(), E);
   if (bias_) ops::addColumnSums(device, dq, inBias_.grad.deviceData<float>(), R, 3 * E);
   gradsReady();
   if (!needInputGrad_) return Tensor();
-  Tensor gradInput = Tensor::empty(input_.shape(), DType::Float32, device);
+  Tensor gradInput = Tensor::empty(gpuInput_.shape(), DType::Float32, device);
   ops::gemm(device, false, false, R, E, 3 * E, 1.0f, dq, 3 * E, inWeight_.value.deviceData<float>(), E, 0.0f,
             gradInput.deviceData<float>(), E);
   return gradInput;
