@@ -65,6 +65,7 @@ EST_CHECK=10
 EST_PROBE=10
 EST_GPU_STEP_QUICK=20
 EST_GPU_CNN_STEP=60     # ResNet-18 at batch 256, 3 variants x 3 rounds x 25 steps, cudnn.benchmark's search (not yet run there)
+EST_GPU_TRANSFORMER_STEP=60  # GPT-2-small sizes, 4 blocks, batch 8 x 1024, 3 variants x 3 rounds x 13 steps (not yet run there)
 EST_GPU_STEP_FULL=90  # with the lockstep drift check: 4 models x 20-50 steps, CPU ones at batch 1024 too
 EST_ALLREDUCE=45        # 2 libraries x 8 sizes x (0.5 s timed with barriers + 0.5 s back to back) + starts
 EST_TRAIN_THROUGHPUT=80 # 2 frameworks x 2 models x 3 modes x 2 rounds; the 20M model's 13 steps a round
@@ -254,6 +255,10 @@ step "benchmarks/gpu_cnn_step.py" gpu_cnn_step.log --needs-build --limited-ok --
   "$PY" benchmarks/gpu_cnn_step.py --rounds 3 --out "$DIR/gpu_cnn_step.md"
 step "benchmarks/gpu_cnn_step.py, CYXWIZ_CUDNN_BENCHMARK=1" gpu_cnn_step_search.log --needs-build --limited-ok --est "$EST_GPU_CNN_STEP" --timeout 600 -- \
   env CYXWIZ_CUDNN_BENCHMARK=1 "$PY" benchmarks/gpu_cnn_step.py --rounds 3 --out "$DIR/gpu_cnn_step_search.md"
+# Issue 35's sequence layers on the GPU: a GPT-2-small-sized causal LM (4 blocks) under bf16 autocast,
+# ours eager and graphed against torch's TransformerEncoderLayer (SDPA) under torch.autocast.
+step "benchmarks/gpu_transformer_step.py" gpu_transformer_step.log --needs-build --limited-ok --est "$EST_GPU_TRANSFORMER_STEP" --timeout 600 -- \
+  "$PY" benchmarks/gpu_transformer_step.py --rounds 3 --out "$DIR/gpu_transformer_step.md"
 if [ "${GPU_STEP_FULL:-1}" != 0 ]; then
   step "benchmarks/gpu_step.py (full)" gpu_step_full.log --needs-build --limited-ok --est "$EST_GPU_STEP_FULL" --timeout 1800 -- \
     "$PY" benchmarks/gpu_step.py --tag full --out-dir "$DIR"
@@ -428,6 +433,12 @@ USED=$(elapsed)
     echo
     cat "$DIR/gpu_cnn_step.md"
     [ -f "$DIR/gpu_cnn_step_search.md" ] && { echo; cat "$DIR/gpu_cnn_step_search.md"; }
+  fi
+  if [ -f "$DIR/gpu_transformer_step.md" ]; then
+    echo
+    echo "## benchmarks/gpu_transformer_step.py (issue 35: GPT-2-small-sized, bf16 autocast, ours / torch)"
+    echo
+    cat "$DIR/gpu_transformer_step.md"
   fi
   if [ "${CPU_BENCH:-1}" != 0 ]; then
     echo

@@ -547,11 +547,14 @@ def test_cublaslt_epilogues_match_the_unfused_path(tmp_path):
                                   lambda: cx.PositionalEncodingModule(16, 8), lambda: cx.MultiHeadAttentionModule(8, 2),
                                   lambda: cx.TransformerEncoderModule(8, 2, 16)],
                          ids=["embedding", "layernorm", "positions", "attention", "transformer"])
-def test_cpu_only_layers_refuse_the_gpu_naming_the_layer(gpu, make):
-    """The sequence layers have CPU kernels only so far: moving a model that holds one is refused before
-    anything moves, naming the layer, and the model stays usable on the CPU."""
+def test_sequence_layers_move_to_the_gpu_and_back(gpu, make):
+    """The sequence layers have GPU kernels (tests/gpu/test_gpu_sequence_layers.py compares them with the
+    CPU's): a model holding one moves to the GPU, its parameters unchanged, and back. Every layer now
+    runs on a GPU, so SequentialModel.to's refusal of a CPU-only layer has no layer left to show it."""
     model = cx.SequentialModel()
     model.add(make())
-    with pytest.raises(ValueError, match=r"layer 0 \(.*\) has CPU kernels only so far; keep this model on the CPU"):
-        model.to("cuda")
-    assert model.device == "cpu"
+    before = [np.array(p, copy=True) for p in model.parameters()]
+    assert model.to("cuda").device == "cuda:0"
+    for i, (p, q) in enumerate(zip(before, model.parameters())):
+        assert np.array_equal(p, q), f"parameter {i} changed on its way to the GPU"
+    assert model.to("cpu").device == "cpu"

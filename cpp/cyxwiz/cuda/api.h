@@ -20,7 +20,7 @@
 namespace cyxwiz::cuda {
 
 // Bumped on any change below; _core refuses a library of another version.
-constexpr int kApiVersion = 11;
+constexpr int kApiVersion = 12;
 // A class index no label equals: cross-entropy and countCorrect without an ignore_index.
 constexpr int64_t kNoIgnoreIndex = INT64_MIN;
 
@@ -249,6 +249,42 @@ class Api {
   // and check: the caller zeroes it once, scales every gradient, reads it back once).
   virtual Status scaleFloats(int dev, const float* in, float* out, int64_t n, float factor,
                              float* nonFinite) noexcept = 0;
+
+  // ---- sequence layers (nn/embedding.cpp, layernorm.cpp, attention_gpu.cpp), float32 ----
+  // C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch, row-major as gemm, X_i = x + i * strideX
+  // (elements): one cuBLAS strided batched GEMM (attention's per-head products on strided views).
+  virtual Status gemmStridedBatched(int dev, bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha,
+                                    const float* a, int64_t lda, int64_t strideA, const float* b, int64_t ldb,
+                                    int64_t strideB, float beta, float* c, int64_t ldc, int64_t strideC,
+                                    int64_t batch) noexcept = 0;
+  // out[i, :] = table[ids[i], :] for i < count; ids of `idType` Int64, Int32 or Float32 (whole
+  // numbers). An id outside [0, vocab) (or a float that is not a whole number) gives a zero row and,
+  // when `firstBad` (one int64 in dev's memory) is not null, *firstBad = the smallest such position,
+  // or count when there is none: the engine reads it back to raise its error (a device flag, so a
+  // captured graph may pass null and read nothing on the host).
+  virtual Status embeddingForward(int dev, const void* ids, ElemType idType, const float* table, float* out,
+                                  int64_t count, int64_t vocab, int64_t dim, int64_t* firstBad) noexcept = 0;
+  // dtable[ids[i], :] += g[i, :], deterministic: every (row, column) of dtable is summed by one
+  // thread in position order (the CPU module's order, so the same float32 sums); invalid ids skipped.
+  virtual Status embeddingBackward(int dev, const void* ids, ElemType idType, const float* g, float* dtable,
+                                   int64_t count, int64_t vocab, int64_t dim) noexcept = 0;
+  // Per row of x (rows, dim): mean and 1/sqrt(biased var + eps) from two passes in double (stored as
+  // float, rows each), y = (x - mean) rstd weight + bias (nn/layernorm.cpp's formulas).
+  virtual Status layerNormForward(int dev, const float* x, const float* weight, const float* bias, float* y,
+                                  float* mean, float* rstd, int64_t rows, int64_t dim, double eps) noexcept = 0;
+  // dx = rstd (dy w - mean(dy w) - xhat mean(dy w xhat)) per row (dx may be null: not computed), and
+  // dweight += sum_rows dy xhat, dbias += sum_rows dy (either may be null), summed in double over
+  // fixed row chunks then the chunks in order: deterministic.
+  virtual Status layerNormBackward(int dev, const float* x, const float* dy, const float* weight, const float* mean,
+                                   const float* rstd, float* dx, float* dweight, float* dbias, int64_t rows,
+                                   int64_t dim) noexcept = 0;
+  // Softmax of each row of x (rows, cols) into y (y may be x). causal: row r is query r % cols of a
+  // square (cols x cols) score matrix and sees the keys 0..r % cols only; the others get 0.
+  virtual Status maskedSoftmaxForward(int dev, const float* x, float* y, int64_t rows, int64_t cols,
+                                      bool causal) noexcept = 0;
+  // Whether dev's compute stream is being captured (graphBeginCapture): a layer then skips what needs
+  // the host (the embedding's id check).
+  virtual bool capturing(int dev) noexcept = 0;
 
   // ---- fused optimizers, all `count` parameters in one launch (formulas as nn/sgd.cpp, nn/adam.cpp) ----
   // The per-step scalars come either as arguments or, when `scalars` is not null, from device memory

@@ -96,6 +96,25 @@ class ApiImpl final : public Api {
                          int64_t cols) noexcept override;
   Status scaleFloats(int dev, const float* in, float* out, int64_t n, float factor, float* nonFinite) noexcept override;
 
+  // blas.cpp
+  Status gemmStridedBatched(int dev, bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha,
+                            const float* a, int64_t lda, int64_t strideA, const float* b, int64_t ldb, int64_t strideB,
+                            float beta, float* c, int64_t ldc, int64_t strideC, int64_t batch) noexcept override;
+  // ops_embedding.cpp, ops_layernorm.cpp, ops_attention.cpp
+  Status embeddingForward(int dev, const void* ids, ElemType idType, const float* table, float* out, int64_t count,
+                          int64_t vocab, int64_t dim, int64_t* firstBad) noexcept override;
+  Status embeddingBackward(int dev, const void* ids, ElemType idType, const float* g, float* dtable, int64_t count,
+                           int64_t vocab, int64_t dim) noexcept override;
+  Status layerNormForward(int dev, const float* x, const float* weight, const float* bias, float* y, float* mean,
+                          float* rstd, int64_t rows, int64_t dim, double eps) noexcept override;
+  Status layerNormBackward(int dev, const float* x, const float* dy, const float* weight, const float* mean,
+                           const float* rstd, float* dx, float* dweight, float* dbias, int64_t rows,
+                           int64_t dim) noexcept override;
+  Status maskedSoftmaxForward(int dev, const float* x, float* y, int64_t rows, int64_t cols,
+                              bool causal) noexcept override;
+  // graphs.cpp
+  bool capturing(int dev) noexcept override;
+
   Status sgdStep(int dev, const OptimizerTensor* tensors, int count, float lr, float momentum, float weightDecay,
                  bool nesterov, const float* scalars) noexcept override;
   Status adamStep(int dev, const OptimizerTensor* tensors, int count, float stepSize, float b1, float b2, float eps,

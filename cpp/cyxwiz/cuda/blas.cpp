@@ -45,4 +45,28 @@ Status ApiImpl::gemm(int dev, bool transA, bool transB, int64_t m, int64_t n, in
   return {};
 }
 
+Status ApiImpl::gemmStridedBatched(int dev, bool transA, bool transB, int64_t m, int64_t n, int64_t k, float alpha,
+                                   const float* a, int64_t lda, int64_t strideA, const float* b, int64_t ldb,
+                                   int64_t strideB, float beta, float* c, int64_t ldc, int64_t strideC,
+                                   int64_t batch) noexcept {
+  if (m <= 0 || n <= 0 || batch <= 0) return {};
+  if (k <= 0) {
+    // No product: C_i = beta C_i, one gemm each (rare: attention never has k = 0 past its shape checks).
+    for (int64_t i = 0; i < batch; ++i) CX_TRY(gemm(dev, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta,
+                                                   c + i * strideC, ldc));
+    return {};
+  }
+  DeviceState* s = nullptr;
+  CX_TRY(useDevice(dev, &s));
+  const cublasMath_t mode = tf32Enabled() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+  std::lock_guard<std::mutex> lock(s->mutex);
+  CX_CUBLAS_TRY(dev, "cublasSetMathMode", cublasSetMathMode(s->blas, mode));
+  // Row-major as gemm: operands swapped, and with them their strides.
+  CX_CUBLAS_TRY(dev, "cublasSgemmStridedBatched",
+                cublasSgemmStridedBatched_64(s->blas, transB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                             transA ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, strideB, a,
+                                             lda, strideA, &beta, c, ldc, strideC, batch));
+  return {};
+}
+
 }  // namespace cyxwiz::cuda

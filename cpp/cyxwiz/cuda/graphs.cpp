@@ -24,6 +24,13 @@ Status ApiImpl::graphBeginCapture(int dev) noexcept {
   return {};
 }
 
+bool ApiImpl::capturing(int dev) noexcept {
+  DeviceState* s = nullptr;
+  if (!useDevice(dev, &s).empty()) return false;
+  std::lock_guard<std::mutex> lock(s->memoryMutex);
+  return s->capturing;
+}
+
 namespace {
 
 // Ends the capture's memory bookkeeping and frees, now outside the capture, what was freed inside it

@@ -408,6 +408,65 @@ CX_HD inline float batchNormGradElement(float x, float dy, BatchNormGradCoeffici
   return k.a * dy + k.bx * (x - k.m) + k.c0;
 }
 
+// ---- the sequence layers: kernels_embedding.cu, kernels_layernorm.cu, kernels_attention.cu ----
+
+// Position i's id as a row of a `vocab`-row table, or -1 when it names none: an integer outside
+// [0, vocab), or a float32 that is not a whole number in that range (nn/embedding.cpp's checks; the
+// float is range-checked before the cast, which beyond int64 would be undefined).
+CX_HD inline int64_t tokenId(const void* ids, ElemType type, int64_t i, int64_t vocab) {
+  int64_t id;
+  if (type == ElemType::Float32) {
+    const float v = static_cast<const float*>(ids)[i];
+    if (!(v >= 0.0f && v < static_cast<float>(vocab)) || floorf(v) != v) return -1;
+    id = static_cast<int64_t>(v);
+  } else if (type == ElemType::Int64) {
+    id = static_cast<const int64_t*>(ids)[i];
+  } else {
+    id = static_cast<const int32_t*>(ids)[i];
+  }
+  return id >= 0 && id < vocab ? id : -1;
+}
+
+// An invalid id's row is zeros: nothing outside the table is read.
+CX_HD inline float embeddingElement(const float* table, int64_t id, int64_t dim, int64_t d) {
+  return id >= 0 ? table[id * dim + d] : 0.0f;
+}
+
+// LayerNorm's row statistics from the two double passes (sum, then squared deviations from its
+// mean), stored as float as the CPU module does.
+struct RowStatistics {
+  float mean, rstd;
+};
+
+CX_HD inline RowStatistics layerNormStatistics(double sum, double squares, int64_t dim, double eps) {
+  const double d = static_cast<double>(dim);
+  return RowStatistics{static_cast<float>(sum / d), static_cast<float>(1.0 / sqrt(squares / d + eps))};
+}
+
+CX_HD inline float layerNormXhat(float x, float mean, float rstd) { return (x - mean) * rstd; }
+
+CX_HD inline float layerNormElement(float x, float mean, float rstd, float w, float b) {
+  return layerNormXhat(x, mean, rstd) * w + b;
+}
+
+// Backward, per row: the sums of gw = g w and gw xhat in double, their means as float, then
+// dx = rstd (gw - mean(gw) - xhat mean(gw xhat)).
+CX_HD inline double layerNormGw(float g, float w) { return static_cast<double>(g) * w; }
+
+CX_HD inline float layerNormGradElement(float x, float g, float w, float mean, float rstd, float meanGw,
+                                        float meanGwXhat) {
+  return rstd * (g * w - meanGw - layerNormXhat(x, mean, rstd) * meanGwXhat);
+}
+
+// The parameters' terms of one element: dweight's g xhat and dbias's g, in double.
+CX_HD inline double layerNormWeightTerm(float x, float g, float mean, float rstd) {
+  return static_cast<double>(g) * layerNormXhat(x, mean, rstd);
+}
+
+// The keys row `row` of a masked softmax sees: all `cols`, or when causal those up to its query,
+// row % cols (square score matrices stacked by rows).
+CX_HD inline int64_t softmaxSeen(int64_t row, int64_t cols, bool causal) { return causal ? row % cols + 1 : cols; }
+
 // ---- kernels_optim.cu: nn/sgd.cpp and nn/adam.cpp per element ----
 
 // Scalars from device memory (a graphed step's per-replay values), read when the kernel runs.

@@ -150,6 +150,44 @@ void launchBatchNormBackward(cudaStream_t s, const float* x, const float* dy, fl
                              int64_t sp, const float* weight, const double* mean, const double* invstd,
                              const double* gradSums, const double* count);
 
+// ---- the sequence layers (sizes > 0) ----
+
+// kernels_embedding.cu. Forward: a block per position (rows of `dim` threads' loop); *firstBad is
+// reset to count first, then lowered with atomicMin by each invalid position (a minimum: the same
+// answer in any order). Backward: a thread per (column, vocabulary slice) scanning every position in
+// order and adding those whose id lies in its slice, so each table element is summed by one thread in
+// position order (deterministic, the CPU's order); about 64K threads.
+inline int64_t embeddingSlices(int64_t vocab, int64_t dim) {
+  const int64_t wanted = (65536 + dim - 1) / dim;
+  return std::max<int64_t>(1, std::min<int64_t>({wanted, vocab, int64_t{65535}}));
+}
+void launchEmbeddingForward(cudaStream_t s, const void* ids, ElemType idType, const float* table, float* out,
+                            int64_t count, int64_t vocab, int64_t dim, int64_t* firstBad);
+void launchEmbeddingBackward(cudaStream_t s, const void* ids, ElemType idType, const float* g, float* dtable,
+                             int64_t count, int64_t vocab, int64_t dim);
+
+// kernels_layernorm.cu. Forward and dx: a block of rowThreads(dim) per row, block sums in double.
+// The parameters' gradients: thread (column, chunk) sums its chunk's rows in order into
+// partial[(q * chunks + chunk) * dim + column] (q: 0 the weight's, 1 the bias's), then one thread per
+// column adds the chunks in order onto dweight / dbias.
+inline int64_t layerNormChunkRows(int64_t rows) { return std::max<int64_t>(32, (rows + 4095) / 4096); }
+inline int64_t layerNormChunks(int64_t rows) {
+  const int64_t per = layerNormChunkRows(rows);
+  return (rows + per - 1) / per;
+}
+void launchLayerNormForward(cudaStream_t s, const float* x, const float* weight, const float* bias, float* y,
+                            float* mean, float* rstd, int64_t rows, int64_t dim, double eps);
+void launchLayerNormBackwardInput(cudaStream_t s, const float* x, const float* dy, const float* weight,
+                                  const float* mean, const float* rstd, float* dx, int64_t rows, int64_t dim);
+// `partial` holds 2 * layerNormChunks(rows) * dim doubles; either output may be null.
+void launchLayerNormGradPartials(cudaStream_t s, const float* x, const float* dy, const float* mean, const float* rstd,
+                                 int64_t rows, int64_t dim, double* partial);
+void launchFinishLayerNormGrad(cudaStream_t s, const double* partial, int64_t chunks, int64_t dim, float* dweight,
+                               float* dbias);
+
+// kernels_attention.cu: a block of rowThreads(cols) per row (y may be x).
+void launchMaskedSoftmax(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols, bool causal);
+
 // ---- kernels_optim.cu: count in [1, kTensorsPerLaunch], largest = the largest n among them (> 0) ----
 
 void launchSgd(cudaStream_t s, const OptimizerTensor* tensors, int count, int64_t largest, float lr, float momentum,

@@ -28,10 +28,19 @@ GraphedStep::GraphedStep(DistributedDataParallel& ddp, nn::Optimizer& optimizer,
       device_(ddp.model()->device()) {
   const std::string why = unsupportedReason(ddp);
   CYX_CHECK(why.empty(), "CUDA graph step: ", why);
-  for (const auto& m : ddp.model()->modules()) {
-    if (auto* dropout = dynamic_cast<nn::DropoutModule*>(m.get())) dropouts_.push_back(dropout);
-  }
 }
+
+namespace {
+
+// Every DropoutModule m runs, itself or inside it (a residual body, a Transformer block's sublayers,
+// attention's weight dropout), in the order an eager forward draws their seeds.
+void collectDropouts(nn::Module& m, std::vector<nn::DropoutModule*>& out) {
+  if (auto* dropout = dynamic_cast<nn::DropoutModule*>(&m)) out.push_back(dropout);
+  for (const auto& child : m.children()) collectDropouts(*child, out);
+  for (nn::Module* inner : m.innerModules()) collectDropouts(*inner, out);
+}
+
+}  // namespace
 
 GraphedStep::~GraphedStep() {
   if (backend_) backend_->removeGraphHolder(this);
@@ -137,6 +146,10 @@ void GraphedStep::capture() {
   // Nothing allocated before the capture may be freed inside it: drop what the warm-up step cached.
   ddp_.model()->releaseCaches();
   optimizer_.enableGraphScalars(device_);
+  // Collected after the warm-up step: a layer may make its dropout at its first forward (attention's).
+  for (nn::DropoutModule* d : dropouts_) d->disableGraphSeed();
+  dropouts_.clear();
+  for (const auto& m : ddp_.model()->modules()) collectDropouts(*m, dropouts_);
   for (nn::DropoutModule* d : dropouts_) d->enableGraphSeed(device_);
   auto capturing = [&](bool on) {
     optimizer_.setCapturing(on);

@@ -9,7 +9,7 @@
 #include "cyxwiz/nn/autocast.h"
 #include "cyxwiz/nn/linear16.h"
 #include "cyxwiz/tensor/blas.h"
-#include "cyxwiz/tensor/convert16.h"
+#include "cyxwiz/tensor/convert16.h"  // roundFloats
 #include "cyxwiz/tensor/random.h"
 
 namespace cyxwiz::nn {
@@ -69,8 +69,8 @@ Shape MultiHeadAttentionModule::outputShape(const Shape& input) const {
 }
 
 Tensor MultiHeadAttentionModule::forward(const Tensor& input) {
+  if (input.isCuda()) return forwardGpu(input);
   requireInput(input, repr() + ".forward", 3, "(N, T, E)");
-  CYX_CHECK(!input.isCuda(), repr(), " has CPU kernels only and its input is on ", input.device().str());
   outputShape(input.shape());
   const int64_t N = input.size(0), T = input.size(1), E = embed_, H = heads_, R = N * T;
   CYX_CHECK(T > 0, repr(), ".forward: the sequences are empty");
@@ -98,7 +98,7 @@ Tensor MultiHeadAttentionModule::forward(const Tensor& input) {
   Tensor output = Tensor::empty({N, T, E});
   const float* outBias = bias_ ? outBias_.value.data<float>() : nullptr;
   if (half) {
-    attn_ = narrowActivation(attn_, *half);  // out_proj's kept input; backward widens it for the core
+    attn_ = narrowActivation(attn_, *half);  // out_proj's kept input
     linearForward16(attn_, outWeight_.value.data<float>(), outBias, output.data<float>(), E, false);
   } else {
     project(attn_.data<float>(), outWeight_.value.data<float>(), outBias, output.data<float>(), R, E, E);
@@ -107,6 +107,7 @@ Tensor MultiHeadAttentionModule::forward(const Tensor& input) {
 }
 
 Tensor MultiHeadAttentionModule::backward(const Tensor& gradOutput) {
+  if (gpuInput_.defined()) return backwardGpu(gradOutput);
   checkBackward(input_, gradOutput, input_.shape());
   const int64_t N = input_.size(0), T = input_.size(1), E = embed_, H = heads_, R = N * T;
   if (input_.dtype() != DType::Float32) return backward16(gradOutput);
@@ -117,8 +118,9 @@ Tensor MultiHeadAttentionModule::backward(const Tensor& gradOutput) {
   Tensor dattn = Tensor::empty({R, E});
   blas::sgemm(false, false, R, E, E, 1.0f, g, E, outWeight_.value.data<float>(), E, 0.0f, dattn.data<float>(), E);
   Tensor dqkv = Tensor::empty({R, 3 * E});
-  attention_cpu::backward({N, T, E, H, causal_}, drop_, qkv_.data<float>(), attn_.data<float>(), lse_.data<float>(),
-                          dattn.data<float>(), dqkv.data<float>());
+  attention_cpu::backward({N, T, E, H, causal_}, drop_, qkv_.data<float>(), lse_.data<float>(), dattn.data<float>(),
+                          dqkv.data<float>());
+  dattn = Tensor();  // spent: not held while in_proj's gradients are made
   projectBackward(input_.data<float>(), dqkv.data<float>(), inWeight_.grad.data<float>(),
                   bias_ ? inBias_.grad.data<float>() : nullptr, R, E, 3 * E);
   gradsReady();
@@ -131,18 +133,16 @@ Tensor MultiHeadAttentionModule::backward(const Tensor& gradOutput) {
 
 // After an autocast forward: the projections' backward as LinearModule's (the incoming gradient rounded to
 // the 16-bit type, 16-bit operands, float32 accumulation); the core as in float32, on Q, K, V as forward
-// rounded them and on the heads' outputs widened back from their 16-bit copy.
+// rounded them.
 Tensor MultiHeadAttentionModule::backward16(const Tensor& gradOutput) {
   const int64_t N = input_.size(0), T = input_.size(1), E = embed_, H = heads_, R = N * T;
   const DType dtype = input_.dtype();
   const Tensor gr = roundGradient16(gradOutput.reshape({R, E}), dtype);
   linearParamGrads16(attn_, gr, outWeight_.grad.data<float>(), bias_ ? outBias_.grad.data<float>() : nullptr);
   const Tensor dattn = linearInputGrad16(gr, outWeight_.value.data<float>(), E, dtype);
-  Tensor attn = Tensor::empty({R, E});
-  widenFloats(static_cast<const uint16_t*>(attn_.rawData()), attn.data<float>(), attn.numel(), dtype);
   Tensor dqkv = Tensor::empty({R, 3 * E});
-  attention_cpu::backward({N, T, E, H, causal_}, drop_, qkv_.data<float>(), attn.data<float>(), lse_.data<float>(),
-                          dattn.data<float>(), dqkv.data<float>());
+  attention_cpu::backward({N, T, E, H, causal_}, drop_, qkv_.data<float>(), lse_.data<float>(), dattn.data<float>(),
+                          dqkv.data<float>());
   const Tensor gq = roundGradient16(dqkv, dtype);
   linearParamGrads16(input_.reshape({R, E}), gq, inWeight_.grad.data<float>(), bias_ ? inBias_.grad.data<float>() : nullptr);
   gradsReady();

@@ -4,16 +4,21 @@
 //
 // Per sample and head: S = Q K^T / sqrt(E / H), causal positions (key after query) masked to -inf,
 // P = softmax(S) in float32 (stable), dropout on P in training, O = P V; the heads' O side by side
-// go through out_proj. The core runs blocked (attention_cpu.h): forward keeps one log-sum-exp per query,
-// not the (N, H, T, T) weights, and backward recomputes them. CPU kernels.
+// go through out_proj. On the CPU the core runs blocked (attention_cpu.h): forward keeps one log-sum-exp
+// per query, not the (N, H, T, T) weights, and backward recomputes them; under autocast the projections
+// take 16-bit operands. On a GPU (attention_gpu.cpp) the products are cuBLAS strided batched GEMMs and
+// forward keeps P (N x H x T x T floats); float32 under autocast there.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "cyxwiz/nn/attention_cpu.h"
 #include "cyxwiz/nn/module.h"
 
 namespace cyxwiz::nn {
+
+class DropoutModule;
 
 class MultiHeadAttentionModule : public Module {
  public:
@@ -27,7 +32,7 @@ class MultiHeadAttentionModule : public Module {
   ModuleSpec spec() const override;
   std::string repr() const override;
   Shape outputShape(const Shape& input) const override;
-  bool runsOnGpu() const override { return false; }
+  std::vector<Module*> innerModules() override;
 
   int64_t embedDim() const { return embed_; }
   int64_t numHeads() const { return heads_; }
@@ -38,6 +43,7 @@ class MultiHeadAttentionModule : public Module {
  protected:
   void clearCache() override {
     input_ = qkv_ = attn_ = lse_ = Tensor();
+    clearGpuCache();
   }
 
  private:
@@ -53,6 +59,17 @@ class MultiHeadAttentionModule : public Module {
   // of its scores (N, H, T), and the dropout it drew (its seed; keep 1 when none applied).
   Tensor input_, qkv_, attn_, lse_;
   attention_cpu::Dropout drop_;
+
+  // The GPU path (attention_gpu.cpp): forward dispatches CUDA inputs there, backward follows when the
+  // GPU forward ran. Its own caches (the CPU path's may change independently): the input, the
+  // projections, the heads' outputs, the weights P and the dropped weights. The weights' dropout runs as
+  // a DropoutModule (counter-based masks, a seed the graphed step can rewrite), made at the first GPU
+  // forward that drops.
+  Tensor forwardGpu(const Tensor& input);
+  Tensor backwardGpu(const Tensor& gradOutput);
+  void clearGpuCache();
+  std::shared_ptr<DropoutModule> gpuDropout_;
+  Tensor gpuInput_, gpuQkv_, gpuAttn_, gpuProbs_, gpuDropped_;
 };
 
 }  // namespace cyxwiz::nn

@@ -92,27 +92,19 @@ void forward(const Dims& d, const Dropout& drop, const float* qkv, float* out, f
   });
 }
 
-void backward(const Dims& d, const Dropout& drop, const float* qkv, const float* out, const float* lse,
-              const float* dout, float* dqkv) {
+void backward(const Dims& d, const Dropout& drop, const float* qkv, const float* lse, const float* dout,
+              float* dqkv) {
   const int64_t T = d.t, E = d.e, dh = E / d.heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   parallelFor(d.n * d.heads, 1, [&](int64_t first, int64_t last) {
     const size_t block = static_cast<size_t>(std::min(kQueryBlock, T) * T);
-    std::vector<float> weights(block), dweights(block), dropped(drop.on() ? block : 0), rowDot(static_cast<size_t>(T));
+    std::vector<float> weights(block), dweights(block), dropped(drop.on() ? block : 0);
     for (int64_t task = first; task < last; ++task) {
       const Head hd = headAt(d, qkv, task);
-      const float* o = out + hd.outOffset;
       const float* dO = dout + hd.outOffset;
       float* dq = dqkv + hd.qkvOffset;
       float* dk = dq + E;
       float* dv = dq + 2 * E;
-      // rowDot[i] = dO_i . O_i = sum_j dP_ij P_ij (with dropout too: O already holds the dropped weights):
-      // the softmax backward's subtrahend, without the weights.
-      for (int64_t i = 0; i < T; ++i) {
-        double acc = 0.0;
-        for (int64_t c = 0; c < dh; ++c) acc += static_cast<double>(dO[i * E + c]) * o[i * E + c];
-        rowDot[static_cast<size_t>(i)] = static_cast<float>(acc);
-      }
       // dK and dV gather from every block of queries: zero, then add.
       for (int64_t j = 0; j < T; ++j) {
         std::fill(dk + j * 3 * E, dk + j * 3 * E + dh, 0.0f);
@@ -140,7 +132,9 @@ void backward(const Dims& d, const Dropout& drop, const float* qkv, const float*
           }
           used = dropped.data();
         }
-        // dV += used^T dO; dP = dO V^T (then through the mask); dS = P (dP - rowDot).
+        // dV += used^T dO; dP = dO V^T (then through the mask); dS = P (dP - sum_j dP_j P_j), the softmax's
+        // Jacobian. Each block holds whole rows, so the sum comes from the very dP it is subtracted from
+        // (with one key, dS is exactly 0, as it is mathematically).
         blas::sgemm(true, false, keys, dh, rows, 1.0f, used, keys, dO + i0 * E, E, 1.0f, dv, 3 * E);
         blas::sgemm(false, true, rows, keys, dh, 1.0f, dO + i0 * E, E, hd.v, 3 * E, 0.0f, dp, keys);
         for (int64_t r = 0; r < rows; ++r) {
@@ -148,7 +142,9 @@ void backward(const Dims& d, const Dropout& drop, const float* qkv, const float*
           float* g = dp + r * keys;
           const float* w = p + r * keys;
           if (drop.on()) applyDropout(drop, hd.maskBase + static_cast<uint64_t>(i * T), g, seen);
-          const float c = rowDot[static_cast<size_t>(i)];
+          double dot = 0.0;
+          for (int64_t j = 0; j < seen; ++j) dot += static_cast<double>(g[j]) * w[j];
+          const float c = static_cast<float>(dot);
           for (int64_t j = 0; j < seen; ++j) g[j] = w[j] * (g[j] - c);
           std::fill(g + seen, g + keys, 0.0f);
         }

@@ -27,8 +27,7 @@ struct Dropout {
 // qkv (N*T, 3E) -> out (N*T, E); lse (N, H, T): each query's log-sum-exp of its scaled scores.
 void forward(const Dims& d, const Dropout& drop, const float* qkv, float* out, float* lse);
 
-// dout (N*T, E) -> dqkv (N*T, 3E), overwritten; out and lse as forward left them.
-void backward(const Dims& d, const Dropout& drop, const float* qkv, const float* out, const float* lse,
-              const float* dout, float* dqkv);
+// dout (N*T, E) -> dqkv (N*T, 3E), overwritten; lse as forward left it.
+void backward(const Dims& d, const Dropout& drop, const float* qkv, const float* lse, const float* dout, float* dqkv);
 
 }  // namespace cyxwiz::nn::attention_cpu

@@ -50,10 +50,20 @@ Tensor activation(const Tensor& x, cuda::Activation gpu, F cpu) {
   return y;
 }
 
-// dx = g f'(x), likewise; `cpu(x, g)` is the module's derivative.
+// dx = g f'(x), likewise; `cpu(x, g)` is the module's derivative. On the CPU a gradient that only the
+// caller holds (the temporary the next layer returned) is overwritten in place, as roundGradient16 does:
+// one activation-sized buffer less at the peak of backward.
 template <typename F>
 Tensor activationGrad(const Tensor& x, const Tensor& g, cuda::Activation gpu, F cpu) {
-  if (!g.isCuda()) return zipElements(x, g, cpu);
+  if (!g.isCuda()) {
+    if (g.borrowed() || g.storage().use_count() != 1) return zipElements(x, g, cpu);
+    const float* xs = x.data<float>();
+    float* gs = g.data<float>();
+    parallelFor(g.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) gs[i] = cpu(xs[i], gs[i]);
+    });
+    return g;
+  }
   Tensor dx = Tensor::empty(g.shape(), DType::Float32, g.device());
   ops::gpuActivationGrad(x, g, dx, gpu);
   return dx;

@@ -37,37 +37,52 @@ Shape EmbeddingModule::outputShape(const Shape& input) const {
   return out;
 }
 
-Tensor EmbeddingModule::forward(const Tensor& input) {
+// Element i of the ids as a row index, or throws naming the id, its position and the vocabulary (the
+// CPU's loop, and the GPU path's report of the first invalid position its kernel found).
+int64_t EmbeddingModule::checkedId(const Tensor& ids, int64_t i, const void* element) const {
   const std::string who = repr() + ".forward";
-  CYX_CHECK(!input.isCuda(), who, ": has CPU kernels only and the ids are on ", input.device().str());
-  CYX_CHECK(input.dim() >= 1, who, ": expected token ids of shape (N, T) or (N,), got a scalar");
+  int64_t id;
+  switch (ids.dtype()) {
+    case DType::Int64: id = *static_cast<const int64_t*>(element); break;
+    case DType::Int32: id = *static_cast<const int32_t*>(element); break;
+    case DType::Float32: {
+      const float v = *static_cast<const float*>(element);
+      CYX_CHECK(std::floor(v) == v, who, ": token id ", v, " at position ", position(i, ids.shape()),
+                " is not an integer; pass the ids as an integer array");
+      // Range-checked as a float first: casting one beyond int64 would be undefined.
+      id = v >= 0.0f && v < static_cast<float>(num_) ? static_cast<int64_t>(v) : -1;
+      CYX_CHECK(id >= 0, who, ": token id ", v, " at position ", position(i, ids.shape()),
+                " is outside the vocabulary [0, ", num_, ")");
+      break;
+    }
+    default:
+      throw TypeMismatch(makeString(who, ": token ids must be integers (int64, int32) or float32 holding integers, got ",
+                                    dtypeName(ids.dtype())));
+  }
+  if (id < 0 || id >= num_) {
+    throw InvalidArgument(makeString(who, ": token id ", id, " at position ", position(i, ids.shape()),
+                                     " is outside the vocabulary [0, ", num_, ")"));
+  }
+  return id;
+}
+
+Tensor EmbeddingModule::forward(const Tensor& input) {
+  CYX_CHECK(input.dim() >= 1, repr(), ".forward: expected token ids of shape (N, T) or (N,), got a scalar");
+  if (weight_.value.isCuda()) return forwardGpu(input);
+  CYX_CHECK(!input.isCuda(), repr(), ".forward: the ids are on ", input.device().str(),
+            " and the table on the CPU; move the model (model.to) or the ids to one device");
+  gpuIds_ = Tensor();
   const int64_t n = input.numel();
   ids_.resize(static_cast<size_t>(n));
+  const size_t size = itemSize(input.dtype());
+  const char* raw = static_cast<const char*>(input.rawData());
   for (int64_t i = 0; i < n; ++i) {
-    int64_t id;
-    switch (input.dtype()) {
-      case DType::Int64: id = input.data<int64_t>()[i]; break;
-      case DType::Int32: id = input.data<int32_t>()[i]; break;
-      case DType::Float32: {
-        const float v = input.data<float>()[i];
-        CYX_CHECK(std::floor(v) == v, who, ": token id ", v, " at position ", position(i, input.shape()),
-                  " is not an integer; pass the ids as an integer array");
-        // Range-checked as a float first: casting one beyond int64 would be undefined.
-        id = v >= 0.0f && v < static_cast<float>(num_) ? static_cast<int64_t>(v) : -1;
-        CYX_CHECK(id >= 0, who, ": token id ", v, " at position ", position(i, input.shape()),
-                  " is outside the vocabulary [0, ", num_, ")");
-        break;
-      }
-      default:
-        throw TypeMismatch(makeString(who, ": token ids must be integers (int64, int32) or float32 holding integers, got ",
-                                      dtypeName(input.dtype())));
-    }
-    if (id < 0 || id >= num_) {
+    try {
+      ids_[static_cast<size_t>(i)] = checkedId(input, i, raw + static_cast<size_t>(i) * size);
+    } catch (...) {
       ids_.clear();
-      throw InvalidArgument(makeString(who, ": token id ", id, " at position ", position(i, input.shape()),
-                                       " is outside the vocabulary [0, ", num_, ")"));
+      throw;
     }
-    ids_[static_cast<size_t>(i)] = id;
   }
   idsShape_ = input.shape();
   Tensor output = Tensor::empty(outputShape(input.shape()));
@@ -84,6 +99,7 @@ Tensor EmbeddingModule::backward(const Tensor& gradOutput) {
     throw InvalidArgument(makeString(repr(), ".backward: expected a float32 gradient of shape ", shapeString(expected),
                                      ", got ", dtypeName(gradOutput.dtype()), " ", shapeString(gradOutput.shape())));
   }
+  if (gpuIds_.defined()) return backwardGpu(gradOutput);
   const float* g = gradOutput.data<float>();
   float* dw = weight_.grad.data<float>();
   // In position order: a repeated id sums its gradients in a fixed order.

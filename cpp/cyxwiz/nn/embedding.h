@@ -2,7 +2,7 @@
 // embedding_dim) table, (N, T, D), as torch.nn.Embedding. The ids come as int64 or int32, or as
 // float32 holding exact integers (the engine's float inputs: a model whose first layer takes ids still
 // trains through DistributedTrainer). The weight's gradient is dense, so DDP's buckets take it as any
-// other. CPU kernels.
+// other. CPU and GPU kernels (embedding_gpu.cpp: a gather, and a deterministic scatter-add).
 #pragma once
 
 #include <vector>
@@ -23,7 +23,6 @@ class EmbeddingModule : public Module {
   ModuleSpec spec() const override;
   std::string repr() const override;
   Shape outputShape(const Shape& input) const override;
-  bool runsOnGpu() const override { return false; }
   bool takesIndices() const override { return true; }
 
   int64_t numEmbeddings() const { return num_; }
@@ -33,6 +32,7 @@ class EmbeddingModule : public Module {
   void clearCache() override {
     ids_.clear();
     idsShape_.clear();
+    gpuIds_ = Tensor();
   }
 
  private:
@@ -40,6 +40,11 @@ class EmbeddingModule : public Module {
   Parameter weight_;
   std::vector<int64_t> ids_;  // of the last forward, in order
   Shape idsShape_;
+  Tensor gpuIds_;  // the GPU path's: the ids as they came (int64, int32 or float32), on the device
+
+  int64_t checkedId(const Tensor& ids, int64_t i, const void* element) const;
+  Tensor forwardGpu(const Tensor& input);
+  Tensor backwardGpu(const Tensor& gradOutput);
 };
 
 }  // namespace cyxwiz::nn

@@ -4,6 +4,7 @@
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/common/parallel.h"
+#include "cyxwiz/device/cuda.h"
 
 namespace cyxwiz::nn {
 
@@ -50,8 +51,11 @@ Tensor LayerNormModule::forward(const Tensor& input) {
   if (input.dtype() != DType::Float32) {
     throw TypeMismatch(makeString(repr(), ".forward: expected float32 input, got ", dtypeName(input.dtype())));
   }
-  CYX_CHECK(!input.isCuda(), repr(), " has CPU kernels only and its input is on ", input.device().str());
   outputShape(input.shape());
+  if (weight_.value.isCuda()) return forwardGpu(input);
+  CYX_CHECK(!input.isCuda(), repr(), ".forward: the input is on ", input.device().str(),
+            " and the parameters on the CPU; move the model (model.to) or the input to one device");
+  gpuMean_ = gpuRstd_ = Tensor();
   const int64_t rows = input.numel() / width_, D = width_;
   mean_.assign(static_cast<size_t>(rows), 0.0f);
   rstd_.assign(static_cast<size_t>(rows), 0.0f);
@@ -83,6 +87,7 @@ Tensor LayerNormModule::forward(const Tensor& input) {
 
 Tensor LayerNormModule::backward(const Tensor& gradOutput) {
   checkBackward(input_, gradOutput, input_.shape());
+  if (input_.isCuda()) return backwardGpu(gradOutput);
   const int64_t rows = input_.numel() / width_, D = width_;
   const float* x = input_.data<float>();
   const float* g = gradOutput.data<float>();
@@ -129,6 +134,42 @@ Tensor LayerNormModule::backward(const Tensor& gradOutput) {
       }
     }
   });
+  return gradInput;
+}
+
+// The CPU path's math on the device (kernel_math.h): mean and rstd per row kept as float tensors.
+Tensor LayerNormModule::forwardGpu(const Tensor& input) {
+  const Device device = weight_.value.device();
+  const Tensor x = input.to(device);  // numpy input of a GPU layer: copied once, here at the edge
+  const int64_t rows = x.numel() / width_;
+  mean_.clear();
+  rstd_.clear();
+  gpuMean_ = Tensor::empty({rows}, DType::Float32, device);
+  gpuRstd_ = Tensor::empty({rows}, DType::Float32, device);
+  Tensor output = Tensor::empty(x.shape(), DType::Float32, device);
+  CYX_CUDA(layerNormForward(device.index, x.deviceData<float>(), weight_.value.deviceData<float>(),
+                            bias_.value.deviceData<float>(), output.deviceData<float>(), gpuMean_.deviceData<float>(),
+                            gpuRstd_.deviceData<float>(), rows, width_, eps_));
+  input_ = keepForBackward(x);
+  return output;
+}
+
+// dweight and dbias accumulate (deterministic chunked sums in double); then dx when wanted.
+Tensor LayerNormModule::backwardGpu(const Tensor& gradOutput) {
+  const Device device = input_.device();
+  const Tensor g = gradOutput.to(device);
+  const int64_t rows = input_.numel() / width_;
+  const float* x = input_.deviceData<float>();
+  const float* dy = g.deviceData<float>();
+  CYX_CUDA(layerNormBackward(device.index, x, dy, weight_.value.deviceData<float>(), gpuMean_.deviceData<float>(),
+                             gpuRstd_.deviceData<float>(), nullptr, weight_.grad.deviceData<float>(),
+                             bias_.grad.deviceData<float>(), rows, width_));
+  gradsReady();
+  if (!needInputGrad_) return Tensor();
+  Tensor gradInput = Tensor::empty(input_.shape(), DType::Float32, device);
+  CYX_CUDA(layerNormBackward(device.index, x, dy, weight_.value.deviceData<float>(), gpuMean_.deviceData<float>(),
+                             gpuRstd_.deviceData<float>(), gradInput.deviceData<float>(), nullptr, nullptr, rows,
+                             width_));
   return gradInput;
 }
 

@@ -1,6 +1,7 @@
 // LayerNormModule: normalisation over the trailing dimensions of each sample, as torch.nn.LayerNorm:
 // y = (x - mean) / sqrt(var + eps) * weight + bias, mean and biased variance over the last
-// numel(normalized_shape) values; weight (ones) and bias (zeros) of shape normalized_shape. CPU kernels.
+// numel(normalized_shape) values; weight (ones) and bias (zeros) of shape normalized_shape. CPU and GPU
+// kernels (the GPU's: a block per row, statistics in double; float32 under autocast on both).
 #pragma once
 
 #include <vector>
@@ -20,7 +21,6 @@ class LayerNormModule : public Module {
   ModuleSpec spec() const override;
   std::string repr() const override;
   Shape outputShape(const Shape& input) const override;
-  bool runsOnGpu() const override { return false; }
   std::vector<Tensor> savedTensors() const override { return input_.defined() ? std::vector<Tensor>{input_} : std::vector<Tensor>{}; }
 
   const Shape& normalizedShape() const { return shape_; }
@@ -31,6 +31,7 @@ class LayerNormModule : public Module {
     input_ = Tensor();
     mean_.clear();
     rstd_.clear();
+    gpuMean_ = gpuRstd_ = Tensor();
   }
 
  private:
@@ -40,6 +41,10 @@ class LayerNormModule : public Module {
   Parameter weight_, bias_;
   Tensor input_;
   std::vector<float> mean_, rstd_;  // per normalised row, from forward
+  Tensor gpuMean_, gpuRstd_;        // the same on the GPU
+
+  Tensor forwardGpu(const Tensor& input);
+  Tensor backwardGpu(const Tensor& gradOutput);
 };
 
 }  // namespace cyxwiz::nn

@@ -55,6 +55,10 @@ class Module {
   virtual ModuleSpec spec() const { return {typeName(), {}}; }
   // Modules held inside this one (ResidualModule's body and shortcut), stored after its spec in model files.
   virtual std::vector<std::shared_ptr<Module>> children() const { return {}; }
+  // The modules this one runs inside its own forward that children() does not list (a Transformer
+  // block's sublayers, attention's GPU weight dropout), in the order their forward runs: for whoever
+  // must reach every layer (the graphed step's dropout seeds). Not stored in model files.
+  virtual std::vector<Module*> innerModules() { return {}; }
   virtual std::string repr() const { return typeName() + "()"; }
   // The output shape for an input of shape `input` (batch first), or throws InvalidArgument saying what
   // this module expects. -1 is a size not known yet (the batch, an image's height before the first

@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
+#include "cyxwiz/device/ops.h"
 #include "cyxwiz/tensor/random.h"
 
 namespace cyxwiz::nn {
@@ -40,10 +42,23 @@ Shape PositionalEncodingModule::outputShape(const Shape& input) const {
 
 Tensor PositionalEncodingModule::forward(const Tensor& input) {
   requireInput(input, repr() + ".forward", 3, "(N, T, D)");
-  CYX_CHECK(!input.isCuda(), repr(), " has CPU kernels only and its input is on ", input.device().str());
   outputShape(input.shape());
   const int64_t N = input.size(0), TD = input.size(1) * dim_;
-  const float* pe = learned_ ? weight_.value.data<float>() : table_.data<float>();
+  const Tensor& table = learned_ ? weight_.value : table_;
+  if (table.isCuda()) {
+    // y = pe[:T] broadcast over the batch, then y = x + y: the CPU's sums, element by element.
+    const Device device = table.device();
+    const Tensor x = input.to(device);
+    Tensor output = Tensor::empty(x.shape(), DType::Float32, device);
+    float* y = output.deviceData<float>();
+    ops::broadcastRows(device, table.deviceData<float>(), y, N, TD);
+    CYX_CUDA(add(device.index, x.deviceData<float>(), y, y, N * TD));
+    inputShape_ = input.shape();
+    return output;
+  }
+  CYX_CHECK(!input.isCuda(), repr(), ".forward: the input is on ", input.device().str(),
+            " and the module on the CPU; move the model (model.to) or the input to one device");
+  const float* pe = table.data<float>();
   const float* x = input.data<float>();
   Tensor output = Tensor::empty(input.shape());
   float* y = output.data<float>();
@@ -60,7 +75,13 @@ Tensor PositionalEncodingModule::backward(const Tensor& gradOutput) {
     throw InvalidArgument(makeString(repr(), ".backward: expected a float32 gradient of shape ", shapeString(inputShape_),
                                      ", got ", dtypeName(gradOutput.dtype()), " ", shapeString(gradOutput.shape())));
   }
-  if (learned_) {
+  if (learned_ && weight_.value.isCuda()) {
+    // The batch's sum per position: deterministic column sums (kernels_elementwise.cu).
+    const Device device = weight_.value.device();
+    const Tensor g = gradOutput.to(device);
+    ops::addColumnSums(device, g.deviceData<float>(), weight_.grad.deviceData<float>(), inputShape_[0],
+                       inputShape_[1] * dim_);
+  } else if (learned_) {
     const int64_t N = inputShape_[0], TD = inputShape_[1] * dim_;
     const float* g = gradOutput.data<float>();
     float* dw = weight_.grad.data<float>();
@@ -71,6 +92,11 @@ Tensor PositionalEncodingModule::backward(const Tensor& gradOutput) {
   gradsReady();
   if (!needInputGrad_) return Tensor();
   return gradOutput.clone();
+}
+
+void PositionalEncodingModule::to(const Device& device) {
+  Module::to(device);
+  if (!learned_) table_ = table_.to(device);
 }
 
 std::vector<Parameter*> PositionalEncodingModule::parameters() {

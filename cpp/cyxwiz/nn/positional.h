@@ -1,6 +1,7 @@
 // PositionalEncodingModule: adds position information to (N, T, D) embeddings, y = x + pe[:T]. Sinusoidal
 // (the Transformer paper's pe[p, 2i] = sin(p / 10000^(2i/D)), pe[p, 2i+1] = cos(...), fixed and not
-// stored) or learned (a (max_len, D) parameter "weight", initialised N(0, 0.02^2) as GPT-2's). CPU kernels.
+// stored) or learned (a (max_len, D) parameter "weight", initialised N(0, 0.02^2) as GPT-2's). CPU and
+// GPU (the sinusoidal table is built on the host once and moves with the module).
 #pragma once
 
 #include "cyxwiz/nn/module.h"
@@ -18,7 +19,7 @@ class PositionalEncodingModule : public Module {
   ModuleSpec spec() const override;
   std::string repr() const override;
   Shape outputShape(const Shape& input) const override;
-  bool runsOnGpu() const override { return false; }
+  void to(const Device& device) override;
 
   int64_t maxLen() const { return maxLen_; }
   int64_t dim() const { return dim_; }

@@ -1,6 +1,8 @@
 #include "cyxwiz/nn/transformer.h"
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/device/cuda.h"
+#include "cyxwiz/device/ops.h"
 #include "cyxwiz/nn/elementwise.h"
 #include "cyxwiz/nn/gelu.h"
 #include "cyxwiz/nn/relu.h"
@@ -9,7 +11,14 @@ namespace cyxwiz::nn {
 
 namespace {
 
-Tensor sum(const Tensor& a, const Tensor& b) { return zipElements(a, b, [](float x, float y) { return x + y; }); }
+// a + b: a residual connection, or its gradient reaching both terms.
+Tensor sum(const Tensor& a, const Tensor& b) {
+  if (!a.isCuda()) return zipElements(a, b, [](float x, float y) { return x + y; });
+  ops::requireSameDevice(a, b, "TransformerEncoderModule");
+  Tensor out = Tensor::empty(a.shape(), DType::Float32, a.device());
+  CYX_CUDA(add(a.device().index, a.deviceData<float>(), b.deviceData<float>(), out.deviceData<float>(), a.numel()));
+  return out;
+}
 
 }  // namespace
 
@@ -54,6 +63,21 @@ std::vector<std::pair<std::string, Parameter*>> TransformerEncoderModule::namedP
   return out;
 }
 
+std::vector<Module*> TransformerEncoderModule::innerModules() {
+  Module* attnDrop = drop1_.get();
+  std::vector<Module*> ff = {linear1_.get(), act_.get(), drop_.get(), linear2_.get(), drop2_.get()};
+  std::vector<Module*> out;
+  if (normFirst_) {
+    out = {norm1_.get(), attn_.get(), attnDrop, norm2_.get()};
+    out.insert(out.end(), ff.begin(), ff.end());
+  } else {
+    out = {attn_.get(), attnDrop, norm1_.get()};
+    out.insert(out.end(), ff.begin(), ff.end());
+    out.push_back(norm2_.get());
+  }
+  return out;
+}
+
 void TransformerEncoderModule::setTraining(bool training) {
   Module::setTraining(training);
   for (Module* m : {static_cast<Module*>(attn_.get()), static_cast<Module*>(drop_.get()),
@@ -77,8 +101,14 @@ Tensor TransformerEncoderModule::feedForward(const Tensor& x) {
   return drop2_->forward(linear2_->forward(drop_->forward(act_->forward(linear1_->forward(x)))));
 }
 
-Tensor TransformerEncoderModule::feedForwardBackward(const Tensor& g) {
-  return linear1_->backward(act_->backward(drop_->backward(linear2_->backward(drop2_->backward(g)))));
+// One statement a layer: each gradient goes as soon as the next is made (nested calls would keep every
+// intermediate until the whole expression ends: two (N, T, dim_feedforward) buffers more at the peak).
+Tensor TransformerEncoderModule::feedForwardBackward(const Tensor& gradOutput) {
+  Tensor g = drop2_->backward(gradOutput);
+  g = linear2_->backward(g);
+  g = drop_->backward(g);
+  g = act_->backward(g);
+  return linear1_->backward(g);
 }
 
 Tensor TransformerEncoderModule::forward(const Tensor& input) {

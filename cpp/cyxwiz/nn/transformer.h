@@ -3,7 +3,7 @@
 // (linear1, activation, dropout, linear2), each with a residual connection and a LayerNorm, before
 // the sublayer (norm_first=True, pre-norm) or after the sum (post-norm). Parameters in torch's order
 // and names: self_attn.*, linear1.*, linear2.*, norm1.*, norm2.*. The sublayers are this engine's
-// modules; the block only wires them. CPU kernels (those of its sublayers).
+// modules; the block only wires them. CPU and GPU kernels (those of its sublayers).
 #pragma once
 
 #include <memory>
@@ -30,7 +30,7 @@ class TransformerEncoderModule : public Module {
   ModuleSpec spec() const override;
   std::string repr() const override;
   Shape outputShape(const Shape& input) const override { return attn_->outputShape(input); }
-  bool runsOnGpu() const override { return false; }
+  std::vector<Module*> innerModules() override;  // the sublayers, in forward order
   void setTraining(bool training) override;
 
  protected:

@@ -94,6 +94,11 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, c
 cublasStatus_t cublasSgemm_v2_64(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int64_t m,
                                  int64_t n, int64_t k, const float* alpha, const float* A, int64_t lda,
                                  const float* B, int64_t ldb, const float* beta, float* C, int64_t ldc);
+cublasStatus_t cublasSgemmStridedBatched_64(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                            int64_t m, int64_t n, int64_t k, const float* alpha, const float* A,
+                                            int64_t lda, long long int strideA, const float* B, int64_t ldb,
+                                            long long int strideB, const float* beta, float* C, int64_t ldc,
+                                            long long int strideC, int64_t batchCount);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,5 +1,6 @@
 // TEST DOUBLE, NOT GPU SUPPORT. cuBLAS on the host: handles (bound to the device current at
-// cublasCreate), their stream, workspace, pointer mode and math mode, and cublasSgemm(_64) with
+// cublasCreate), their stream, workspace, pointer mode and math mode, and cublasSgemm(_64) and
+// cublasSgemmStridedBatched_64 (one item, the batch's products in order, every matrix's range checked) with
 // cuBLAS's argument checks (CUBLAS_STATUS_INVALID_VALUE, with an "emulator:" line saying which) and
 // column-major semantics: C = alpha op(A) op(B) + beta C, C not read when beta == 0, A and B not read
 // when alpha == 0 or k == 0. The product accumulates in float in k order (the GPU's order differs, by
@@ -71,6 +72,64 @@ void gemmHost(bool transA, bool transB, int64_t m, int64_t n, int64_t k, float a
       d[i + j * ldd] = beta == 0.0f ? r : r + beta * c[i + j * ldc];
     }
   }
+}
+
+}  // namespace cxemu
+
+namespace cxemu {
+
+// cublasSgemm(_64) and cublasSgemmStridedBatched_64: `batch` products, matrix i at X + i * strideX.
+cublasStatus_t sgemmBatched(const char* name, cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int64_t m, int64_t n, int64_t k, const float* alpha,
+                            const float* A, int64_t lda, long long strideA, const float* B, int64_t ldb,
+                            long long strideB, const float* beta, float* C, int64_t ldc, long long strideC,
+                            int64_t batch) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  auto invalid = [&](const std::string& why) {
+    say(std::string(name) + " on cuda:" + std::to_string(handle->dev) + ": " + why);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  };
+  auto opOk = [](cublasOperation_t t) { return t == CUBLAS_OP_N || t == CUBLAS_OP_T || t == CUBLAS_OP_C; };
+  if (!opOk(transa) || !opOk(transb)) return invalid("transa/transb is not CUBLAS_OP_N, _T or _C");
+  if (m < 0 || n < 0 || k < 0) return invalid("m, n or k is negative");
+  if (batch < 0) return invalid("batchCount is negative");
+  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+  const int64_t needA = std::max<int64_t>(1, ta ? k : m), needB = std::max<int64_t>(1, tb ? n : k);
+  const int64_t needC = std::max<int64_t>(1, m);
+  if (lda < needA) return invalid("lda=" + std::to_string(lda) + " < " + std::to_string(needA));
+  if (ldb < needB) return invalid("ldb=" + std::to_string(ldb) + " < " + std::to_string(needB));
+  if (ldc < needC) return invalid("ldc=" + std::to_string(ldc) + " < " + std::to_string(needC));
+  if (!alpha || !beta) return invalid("alpha or beta is null");
+  if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  cudaError_t err = cudaSuccess;
+  Stream* s = resolveStream(handle->stream, &err);
+  if (!s) return invalid(std::string("the handle's stream: ") + cudaGetErrorString(err));
+  const bool useTf32 = (handle->math & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) == CUBLAS_TF32_TENSOR_OP_MATH;
+  Item item;
+  item.what = name;
+  const bool hostScalars = handle->pointerMode == CUBLAS_POINTER_MODE_HOST;
+  const float a0 = hostScalars ? *alpha : 0.0f, b0 = hostScalars ? *beta : 0.0f;
+  if (hostScalars) {
+    if ((a0 == 0.0f || k == 0) && b0 == 1.0f) return CUBLAS_STATUS_SUCCESS;  // nothing to do
+  } else {
+    item.accesses.push_back({alpha, sizeof(float), false});
+    item.accesses.push_back({beta, sizeof(float), false});
+  }
+  for (int64_t i = 0; i < batch; ++i) {
+    if (k > 0 && (!hostScalars || a0 != 0.0f)) {
+      item.accesses.push_back({A + i * strideA, matrixBytes(ta ? k : m, ta ? m : k, lda), false});
+      item.accesses.push_back({B + i * strideB, matrixBytes(tb ? n : k, tb ? k : n, ldb), false});
+    }
+    item.accesses.push_back({C + i * strideC, matrixBytes(m, n, ldc), true});
+  }
+  item.fn = [=] {
+    const float al = hostScalars ? a0 : *alpha, be = hostScalars ? b0 : *beta;
+    for (int64_t i = 0; i < batch; ++i) {
+      float* c = C + i * strideC;
+      gemmHost(ta, tb, m, n, k, al, A + i * strideA, lda, B + i * strideB, ldb, be, c, ldc, c, ldc, useTf32);
+    }
+  };
+  return launchItem(s, std::move(item), true) == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
 }  // namespace cxemu
@@ -196,46 +255,16 @@ const char* cublasGetStatusString(cublasStatus_t status) {
 cublasStatus_t cublasSgemm_v2_64(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int64_t m,
                                  int64_t n, int64_t k, const float* alpha, const float* A, int64_t lda,
                                  const float* B, int64_t ldb, const float* beta, float* C, int64_t ldc) {
-  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-  auto invalid = [&](const std::string& why) {
-    say("cublasSgemm on cuda:" + std::to_string(handle->dev) + ": " + why);
-    return CUBLAS_STATUS_INVALID_VALUE;
-  };
-  auto opOk = [](cublasOperation_t t) { return t == CUBLAS_OP_N || t == CUBLAS_OP_T || t == CUBLAS_OP_C; };
-  if (!opOk(transa) || !opOk(transb)) return invalid("transa/transb is not CUBLAS_OP_N, _T or _C");
-  if (m < 0 || n < 0 || k < 0) return invalid("m, n or k is negative");
-  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
-  const int64_t needA = std::max<int64_t>(1, ta ? k : m), needB = std::max<int64_t>(1, tb ? n : k);
-  const int64_t needC = std::max<int64_t>(1, m);
-  if (lda < needA) return invalid("lda=" + std::to_string(lda) + " < " + std::to_string(needA));
-  if (ldb < needB) return invalid("ldb=" + std::to_string(ldb) + " < " + std::to_string(needB));
-  if (ldc < needC) return invalid("ldc=" + std::to_string(ldc) + " < " + std::to_string(needC));
-  if (!alpha || !beta) return invalid("alpha or beta is null");
-  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-  cudaError_t err = cudaSuccess;
-  Stream* s = resolveStream(handle->stream, &err);
-  if (!s) return invalid(std::string("the handle's stream: ") + cudaGetErrorString(err));
-  const bool useTf32 = (handle->math & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) == CUBLAS_TF32_TENSOR_OP_MATH;
-  Item item;
-  item.what = "cublasSgemm";
-  const bool hostScalars = handle->pointerMode == CUBLAS_POINTER_MODE_HOST;
-  const float a0 = hostScalars ? *alpha : 0.0f, b0 = hostScalars ? *beta : 0.0f;
-  if (hostScalars) {
-    if ((a0 == 0.0f || k == 0) && b0 == 1.0f) return CUBLAS_STATUS_SUCCESS;  // nothing to do
-  } else {
-    item.accesses.push_back({alpha, sizeof(float), false});
-    item.accesses.push_back({beta, sizeof(float), false});
-  }
-  if (k > 0 && (!hostScalars || a0 != 0.0f)) {
-    item.accesses.push_back({A, matrixBytes(ta ? k : m, ta ? m : k, lda), false});
-    item.accesses.push_back({B, matrixBytes(tb ? n : k, tb ? k : n, ldb), false});
-  }
-  item.accesses.push_back({C, matrixBytes(m, n, ldc), true});
-  item.fn = [=] {
-    const float al = hostScalars ? a0 : *alpha, be = hostScalars ? b0 : *beta;
-    gemmHost(ta, tb, m, n, k, al, A, lda, B, ldb, be, C, ldc, C, ldc, useTf32);
-  };
-  return launchItem(s, std::move(item), true) == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+  return sgemmBatched("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+}
+
+cublasStatus_t cublasSgemmStridedBatched_64(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                            int64_t m, int64_t n, int64_t k, const float* alpha, const float* A,
+                                            int64_t lda, long long int strideA, const float* B, int64_t ldb,
+                                            long long int strideB, const float* beta, float* C, int64_t ldc,
+                                            long long int strideC, int64_t batchCount) {
+  return sgemmBatched("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb,
+                      strideB, beta, C, ldc, strideC, batchCount);
 }
 
 cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
