@@ -32,6 +32,10 @@ def test_gradient_dtype_setting():
 
 EXACT = PRELUDE + ORACLE + r'''
 wire, shard_opt = os.environ["TEST_WIRE"], os.environ["TEST_SHARD"] == "1"
+# TEST_BIG: a first layer of 20 x 4096 weights (320 KiB) in a bucket of its own, larger than the shared
+# window's half (256 KiB): on one host that bucket is reduced from the peers' float32 buckets, rounded as
+# they are read; the small ones still through their 16-bit copies. Both must give the oracle's bits.
+hidden = 4096 if os.environ.get("TEST_BIG") == "1" else 64
 D.init()
 
 
@@ -39,8 +43,8 @@ cfg = D.DDPConfig()
 cfg.gradient_dtype = wire
 cfg.bucket_size_mb = 0.01            # several buckets
 cfg.shard_optimizer = shard_opt
-ddp = D.DistributedDataParallel(build(0, hidden=64, extra=True), cfg)
-local = build(0, hidden=64, extra=True)   # the same parameters (seed 0), no DDP: this rank's own gradients
+ddp = D.DistributedDataParallel(build(0, hidden=hidden, extra=True), cfg)
+local = build(0, hidden=hidden, extra=True)   # the same parameters (seed 0), no DDP: this rank's own gradients
 for step in range(2):
     X, y = batch(step, 32)
     xs, ys = shard(X, 16), shard(y, 16)
@@ -63,6 +67,57 @@ def test_two_ranks_exchange_exactly_the_16_bit_average(ranks, wire, transport, s
     env = {"TEST_WIRE": wire, "TEST_SHARD": "1" if shard_opt else "0", "CYXWIZ_TRANSPORT": transport}
     reports = reports_of(ranks, ranks.run(EXACT, 2, env=env, timeout=60), 2)
     assert_same_digest(reports)
+
+
+EXACT3 = PRELUDE + ORACLE + r'''
+# Three ranks, one host, a bucket larger than the shared window's half (rounded as it is read): the
+# 16-bit exchange's bits in rank order, bfloat16's average by a division (3 is no power of two).
+wire = os.environ["TEST_WIRE"]
+D.init()
+cfg = D.DDPConfig()
+cfg.gradient_dtype = wire
+cfg.bucket_size_mb = 0.01
+ddp = D.DistributedDataParallel(build(0, hidden=4096), cfg)
+local = build(0, hidden=4096)
+X, y = batch(0, 48)
+xs, ys = shard(X, 16), shard(y, 16)
+ddp.backward(LOSS.backward(ddp.forward(xs), ys))
+got = flat(ddp.sync_gradients())
+local.backward(LOSS.backward(local.forward(xs), ys))
+g = D.all_gather(flat(local.gradients()))
+if wire == "bfloat16":
+    want = bf16(bf16(bf16(bf16(g[0]) + bf16(g[1])) + bf16(g[2])) / np.float32(3))
+else:
+    s = np.float32(1) / np.float32(3)
+    want = f16(f16(f16(g[0] * s) + f16(g[1] * s)) + f16(g[2] * s))
+bad = int((got != want).sum())
+expect(bad == 0, f"{bad} of {got.size} gradients differ from the 3-rank {wire} oracle")
+expect(not np.array_equal(got, (g[0] + g[1] + g[2]) / 3), "the float32 average: not exchanged in 16 bits")
+finish(digest=digest([got]))
+'''
+
+
+@pytest.mark.parametrize("wire", ["bfloat16", "float16"])
+def test_three_ranks_round_a_large_shared_bucket_with_the_same_bits(ranks, wire):
+    env = {"TEST_WIRE": wire, "CYXWIZ_TRANSPORT": "auto", "CYXWIZ_LOG_LEVEL": "info"}
+    results = ranks.run(EXACT3, 3, env=env, timeout=60)
+    assert_same_digest(reports_of(ranks, results, 3))
+    assert all("rounded as the peers' float32 buckets are read" in r.err for r in results)
+
+
+@pytest.mark.parametrize("wire", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shard_opt", [False, True], ids=["all-reduce", "sharded"])
+def test_a_large_shared_bucket_is_rounded_as_it_is_read_with_the_same_bits(ranks, wire, shard_opt):
+    """One host, a bucket larger than the shared window's half: the 16-bit exchange reads the peers'
+    float32 buckets where they lie and rounds as it reads (no 16-bit copy): the oracle's bits exactly,
+    and the INFO line says the bucket took that path."""
+    env = {"TEST_WIRE": wire, "TEST_SHARD": "1" if shard_opt else "0", "CYXWIZ_TRANSPORT": "auto", "TEST_BIG": "1",
+           "CYXWIZ_LOG_LEVEL": "info"}
+    results = ranks.run(EXACT, 2, env=env, timeout=60)
+    reports = reports_of(ranks, results, 2)
+    assert_same_digest(reports)
+    for r in results:
+        assert "(1 rounded as the peers' float32 buckets are read)" in r.err, ranks.report(results)[-3000:]
 
 
 TRAIN = PRELUDE + r'''

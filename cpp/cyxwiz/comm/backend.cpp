@@ -31,6 +31,10 @@ std::shared_ptr<Work> Backend::broadcast(const Tensor&, int, bool) { unsupported
 std::shared_ptr<Work> Backend::allGather(const Tensor&, const Tensor&, bool) { unsupported("all_gather"); }
 std::shared_ptr<Work> Backend::reduceScatter(const Tensor&, const Tensor&, ReduceOp, bool) { unsupported("reduce_scatter"); }
 std::shared_ptr<Work> Backend::barrier(bool) { unsupported("barrier"); }
+bool Backend::reducesRounded(const Tensor&) const { return false; }
+std::shared_ptr<Work> Backend::allReduceRounded(const Tensor&, DType, float, ReduceOp, bool, bool) {
+  unsupported("all_reduce (16-bit, rounded in place)");
+}
 std::shared_ptr<Work> Backend::gather(const Tensor&, const Tensor&, int, bool) { unsupported("gather"); }
 std::shared_ptr<Work> Backend::scatter(const Tensor&, const Tensor&, int, bool) { unsupported("scatter"); }
 std::shared_ptr<Work> Backend::allToAll(const Tensor&, const Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&,

@@ -52,6 +52,14 @@ class Backend {
   // largest part).
   virtual std::shared_ptr<Work> reduceScatterInPlace(const Tensor& data, ReduceOp op, bool async);
   virtual std::shared_ptr<Work> allGatherInPlace(const Tensor& data, bool async);
+  // The 16-bit gradient exchange (DDPConfig.gradient_dtype) of a float32 `data`, rounded on the fly:
+  // bit for bit what rounding data * scale to `wire` on every rank, all-reducing that (partial:
+  // reduce-scattering in place) and widening the result back into data (partial: this rank's part)
+  // would leave, without the 16-bit copy and its two conversion passes. Only where
+  // reducesRounded(data) (the CPU backend on one host, on a large buffer every rank maps).
+  virtual bool reducesRounded(const Tensor& data) const;
+  virtual std::shared_ptr<Work> allReduceRounded(const Tensor& data, DType wire, float scale, ReduceOp op, bool partial,
+                                                 bool async);
   virtual std::shared_ptr<Work> barrier(bool async);
   // out (on `dst` only; undefined elsewhere): worldSize x in.numel() elements, rank r's at block r.
   virtual std::shared_ptr<Work> gather(const Tensor& in, const Tensor& out, int dst, bool async);

@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "cyxwiz/comm/types.h"
+#include "cyxwiz/common/error.h"
 
 namespace cyxwiz::comm {
 
@@ -23,11 +24,21 @@ class Collectives {
   // group's size); the other parts hold anything. allGatherInPlace sends every rank's part to all.
   virtual void reduceScatterInPlace(void* data, size_t count, DType dtype, ReduceOp op) = 0;
   virtual void allGatherInPlace(void* data, size_t count, DType dtype) = 0;
+  // The 16-bit gradient exchange (ddp/wire.h) of a float32 buffer: bit for bit what rounding data *
+  // scale to `wire` on every rank, all-reducing that (partial: reduce-scattering, this rank's part
+  // only) and widening the result back would leave in data. Only the shared-window algorithms
+  // offer it, on a buffer every rank maps (CpuBackend::reducesRounded); the others throw.
+  virtual void allReduceRounded(float* data, size_t count, DType wire, float scale, ReduceOp op, bool partial);
   virtual void barrier() = 0;
   // Only checks that every rank made this same call (collectives whose data travels elsewhere).
   virtual void checkCalls() = 0;
   virtual const CallSignature& call() const = 0;
 };
+
+inline void Collectives::allReduceRounded(float*, size_t, DType, float, ReduceOp, bool) {
+  throw BackendError(call().describe() + ": the rounded 16-bit exchange needs the shared-window algorithms on "
+                     "a buffer every rank maps (an engine bug: CpuBackend::reducesRounded said yes)");
+}
 
 // First element of part i when `count` elements are split in `parts` (numpy.array_split).
 inline size_t partBegin(size_t count, int parts, int i) {

@@ -30,6 +30,8 @@ const char* collectiveName(Collective c) {
     case Collective::ShareBuffer: return "share_buffer";
     case Collective::ReduceScatterInPlace: return "reduce_scatter (in place)";
     case Collective::AllGatherInPlace: return "all_gather (in place)";
+    case Collective::AllReduceRounded: return "all_reduce (16-bit, rounded in place)";
+    case Collective::ReduceScatterRounded: return "reduce_scatter (16-bit, rounded in place)";
   }
   return "unknown collective";
 }
@@ -42,7 +44,8 @@ std::string CallSignature::describe() const {
   if (collective == Collective::AllToAll) return s + makeString(" (", dtypeName(dtype), ")");  // counts differ by rank
   s += makeString(" (", dtypeName(dtype), ", ", count, count == 1 ? " element" : " elements");
   if (collective == Collective::AllReduce || collective == Collective::ReduceScatter ||
-      collective == Collective::ReduceScatterInPlace) s += makeString(", ", reduceOpName(op));
+      collective == Collective::ReduceScatterInPlace || collective == Collective::AllReduceRounded ||
+      collective == Collective::ReduceScatterRounded) s += makeString(", ", reduceOpName(op));
   if (collective == Collective::Broadcast || collective == Collective::Scatter) s += makeString(", src ", root);
   if (collective == Collective::Gather) s += makeString(", dst ", root);
   if (collective == Collective::Send || collective == Collective::Recv) s += makeString(", tag ", tag);

@@ -19,7 +19,10 @@ enum class Collective : uint8_t {
   // Makes a buffer in memory every rank of a host maps (Backend::sharedZeros).
   ShareBuffer = 11,
   // The halves of an all-reduce, in place on one buffer (DDP's sharded optimizer step).
-  ReduceScatterInPlace = 12, AllGatherInPlace = 13
+  ReduceScatterInPlace = 12, AllGatherInPlace = 13,
+  // The 16-bit gradient exchange of a float32 shared buffer, rounded on the fly (Collectives::
+  // allReduceRounded); the signature's dtype is the 16-bit type.
+  AllReduceRounded = 14, ReduceScatterRounded = 15
 };
 
 // The peer of a recv that takes a message from whichever rank sends first.

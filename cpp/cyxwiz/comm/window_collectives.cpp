@@ -39,7 +39,11 @@ void WindowCollectives::allReduceSmall(uint8_t* d, size_t count, DType dtype, Re
 }
 
 void WindowCollectives::allReduceShared(uint8_t* d, size_t count, DType dtype, ReduceOp op) {
-  const size_t esz = itemSize(dtype);
+  allReduceSharedWith(d, count, itemSize(dtype), [&](const std::vector<const uint8_t*>& of, uint8_t* to, size_t first,
+                                                     size_t last) { reduceShared(of, to, first, last, dtype, op); });
+}
+
+void WindowCollectives::allReduceSharedWith(uint8_t* d, size_t count, size_t esz, const PartReducer& reducePart) {
   const int n = w_.size(), me = w_.me();
   const std::vector<const uint8_t*> of = sharedBuffers();
   // Windows as allReduceChunk's chunks, parts within them as its parts: the same bits. Window k's
@@ -51,7 +55,7 @@ void WindowCollectives::allReduceShared(uint8_t* d, size_t count, DType dtype, R
   auto part = [&](size_t k, int r) { return (k * window + partBegin(std::min(window, count - k * window), n, r)) * esz; };
   w_.arrive();  // every member's buffer holds its input
   for (size_t k = 0; k <= windows; ++k) {
-    if (k < windows) reduceShared(of, d, part(k, me), part(k, me + 1), dtype, op);
+    if (k < windows) reducePart(of, d, part(k, me), part(k, me + 1));
     if (k > 0) {
       for (int r = 0; r < n; ++r) {
         if (r != me) std::memcpy(d + part(k - 1, r), of[static_cast<size_t>(r)] + part(k - 1, r), part(k - 1, r + 1) - part(k - 1, r));
@@ -88,6 +92,43 @@ void WindowCollectives::reduceShared(const std::vector<const uint8_t*>& of, uint
     if (op == ReduceOp::Avg) finishAverage(tmp, k, dtype, static_cast<int>(of.size()));
     std::memcpy(d + at, tmp, len);
   }
+}
+
+void WindowCollectives::reduceSharedRounded(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first,
+                                             size_t last, DType wire, float scale, ReduceOp op) {
+  constexpr size_t kPiece = 64 * 1024;  // as reduceShared, and placed as it places its buffer
+  thread_local std::vector<uint8_t> space(kPiece + 8192);
+  uint8_t* tmp = space.data() + (reinterpret_cast<uintptr_t>(d) + 2048 - reinterpret_cast<uintptr_t>(space.data())) % 4096;
+  auto* acc = reinterpret_cast<float*>(tmp);
+  auto source = [&](size_t r, size_t at) { return reinterpret_cast<const float*>(of[r] + at); };
+  for (size_t at = first; at < last; at += kPiece) {
+    const size_t len = std::min(kPiece, last - at), k = len / sizeof(float);
+    if (of.size() == 2 && reduceTwoRounded(reinterpret_cast<float*>(d + at), source(0, at), source(1, at), k, wire, scale,
+                                           op == ReduceOp::Avg)) {
+      continue;
+    }
+    roundScaled(acc, source(0, at), k, wire, scale);
+    for (size_t r = 1; r < of.size(); ++r) sumRounded(acc, source(r, at), k, wire, scale);
+    if (op == ReduceOp::Avg) finishAverageRounded(acc, k, wire, static_cast<int>(of.size()));
+    std::memcpy(d + at, acc, len);
+  }
+}
+
+void WindowCollectives::allReduceRounded(float* data, size_t count, DType wire, float scale, ReduceOp op,
+                                         bool partial) {
+  auto* d = reinterpret_cast<uint8_t*>(data);
+  const size_t esz = sizeof(float);
+  if (call_.buffer == 0 || count * esz <= w_.halfBytes()) Collectives::allReduceRounded(data, count, wire, scale, op, partial);
+  auto reducePart = [&](const std::vector<const uint8_t*>& of, uint8_t* to, size_t first, size_t last) {
+    reduceSharedRounded(of, to, first, last, wire, scale, op);
+  };
+  if (!partial) return allReduceSharedWith(d, count, esz, reducePart);
+  // reduceScatterInPlace's shared rounds: our part from every member's buffer, in rank order.
+  const int n = w_.size(), me = w_.me();
+  const std::vector<const uint8_t*> of = sharedBuffers();
+  w_.arrive();  // every member's buffer holds its input
+  reducePart(of, d, partBegin(count, n, me) * esz, partBegin(count, n, me + 1) * esz);
+  w_.arrive();  // no member changes its buffer while a peer still reads it
 }
 
 void WindowCollectives::allReduceChunk(uint8_t* d, size_t count, DType dtype, ReduceOp op) {

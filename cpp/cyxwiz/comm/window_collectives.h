@@ -13,6 +13,7 @@
 // naming the other rank's call, never wrong numbers.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "cyxwiz/comm/collectives.h"
@@ -39,6 +40,10 @@ class WindowCollectives : public Collectives {
   // One round per half a slot of the largest part. On a shared buffer larger than a half: two
   // rounds, the others' parts copied from their buffers.
   void allGatherInPlace(void* data, size_t count, DType dtype) override;
+  // On a shared float32 buffer larger than a half: allReduceShared's / reduceScatterInPlace's rounds,
+  // each part reduced from the peers' float32 buffers, rounding as it reads (reduce.h): no 16-bit copy,
+  // no conversion passes before or after.
+  void allReduceRounded(float* data, size_t count, DType wire, float scale, ReduceOp op, bool partial) override;
   void barrier() override { w_.arrive(); }
   void checkCalls() override { w_.arrive(); }
   const CallSignature& call() const override { return call_; }
@@ -49,11 +54,17 @@ class WindowCollectives : public Collectives {
   // The call covers a shared buffer (CallSignature::buffer): each member reduces its part reading the
   // others' buffers where they lie, then copies the others' reduced parts: no copy into the halves.
   void allReduceShared(uint8_t* data, size_t count, DType dtype, ReduceOp op);
+  // Its rounds, with `reducePart(of, d, first, last)` reducing bytes [first, last) of the buffers into d.
+  using PartReducer = std::function<void(const std::vector<const uint8_t*>&, uint8_t*, size_t, size_t)>;
+  void allReduceSharedWith(uint8_t* data, size_t count, size_t esz, const PartReducer& reducePart);
   // Every member's copy of the call's shared buffer; throws when one is not mapped here.
   std::vector<const uint8_t*> sharedBuffers() const;
   // Bytes [first, last) of the shared buffers `of` reduced in rank order into d.
   static void reduceShared(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last, DType dtype,
                            ReduceOp op);
+  // The same over float32 buffers, as the 16-bit exchange rounds (reduce.h's roundScaled, sumRounded).
+  static void reduceSharedRounded(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last,
+                                  DType wire, float scale, ReduceOp op);
 
   Window& w_;
   CallSignature call_;

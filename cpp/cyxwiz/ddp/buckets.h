@@ -29,7 +29,9 @@ struct Bucket {
   Tensor values;               // the parameters of `params`, back to back, as `storage` holds their gradients
   bool partial = false;        // reduce-scattered: only this rank's part of `storage` is averaged
   // 16-bit gradient exchange (DDPConfig::gradientDtype) only:
-  Tensor wire;                 // `storage` rounded to 16 bits: what the all-reduce (or its half) carries
+  DType wireDtype = DType::Float32;  // the 16-bit type, or float32: no 16-bit exchange
+  Tensor wire;                 // `storage` rounded to 16 bits: what the all-reduce (or its half) carries;
+                               // none where the backend rounds as it reduces (Backend::reducesRounded)
   bool onWire = false;         // `work` reduces `wire`: widen it back into `storage` when it is done
 };
 

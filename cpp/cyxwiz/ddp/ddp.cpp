@@ -101,6 +101,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
     // Beside the buckets: host (shared) memory on the CPU, the model's GPU otherwise, where the
     // conversions run as kernels on the compute stream and NCCL reduces the 16-bit copy.
     for (Bucket& b : buckets_->buckets()) {
+      b.wireDtype = wire;
+      // One host, a large shared bucket: the peers' float32 buckets are read where they lie and rounded
+      // as they are read, so no 16-bit copy (and no narrowing and widening passes) is needed.
+      if (backend_->reducesRounded(b.storage)) continue;
       const int64_t n = b.storage.numel();
       b.wire = shared ? backend_->sharedZeros(n, wire) : Tensor::zeros({n}, wire, device);
     }
@@ -111,9 +115,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   }
   model_->setGradientGuard([this](nn::SequentialModel::GradientUse use) { guardGradients(use); });
   if (worldSize() > 1) {
+    size_t rounded = 0;
+    for (const Bucket& b : buckets_->buckets()) rounded += b.wireDtype != DType::Float32 && !b.wire.defined();
     logInfo(makeString("DistributedDataParallel: ", buckets_->buckets().size(), " gradient buckets; ",
                        shard_.empty() ? "all-reduce " : "sharded optimizer step, reduce-scatter ",
                        wire == DType::Float32 ? "" : makeString("in ", dtypeName(wire), " "),
+                       rounded ? makeString("(", rounded, " rounded as the peers' float32 buckets are read) ") : "",
                        overlap_ ? "overlapped with backward" : "at sync time (fewer than 2 cores per local rank)",
                        model_->device().type == DeviceType::CUDA ? makeString(", on ", model_->device().str()) : ""));
   }
@@ -280,11 +287,18 @@ void DistributedDataParallel::shardParameters() {
 void DistributedDataParallel::launch(Bucket& bucket) {
   const Tensor* data = &bucket.storage;
   comm::ReduceOp op = comm::ReduceOp::Avg;
-  if (bucket.wire.defined()) {
+  if (bucket.wireDtype != DType::Float32) {
     // float16 tops out at 65504: summing N full-size gradients could overflow where their mean would not.
-    const bool half = bucket.wire.dtype() == DType::Float16;
-    narrowGradients(bucket.storage, bucket.wire, half ? 1.0f / static_cast<float>(worldSize()) : 1.0f);
+    const bool half = bucket.wireDtype == DType::Float16;
+    const float scale = half ? 1.0f / static_cast<float>(worldSize()) : 1.0f;
     if (half) op = comm::ReduceOp::Sum;
+    if (!bucket.wire.defined()) {  // rounded as the peers' buckets are read (the constructor's choice)
+      bucket.work = backend_->allReduceRounded(bucket.storage, bucket.wireDtype, scale, op, !shard_.empty(), overlap_);
+      bucket.partial = !shard_.empty();
+      bucket.stale = false;
+      return;
+    }
+    narrowGradients(bucket.storage, bucket.wire, scale);
     data = &bucket.wire;
     bucket.onWire = true;
   }

@@ -5,6 +5,10 @@
 // into the float32 gradients, which the optimizer and the caller read as before. Half the bytes on
 // every link; the optimizer, its state and the parameters stay float32.
 //
+// On one host, a bucket the ranks share and larger than the shared window's half skips the copy: the
+// backend reads the peers' float32 buckets and rounds as it reads (Backend::allReduceRounded), with the
+// same bits.
+//
 // Host tensors are converted by tensor/convert16.h's loops (cloned per instruction set); GPU tensors
 // by a kernel on the device's compute stream (cuda::Api::convertFloats), queued like any other kernel
 // (so a CUDA graph captures it), with the same bits as the host's (cyxwiz/tensor/half.h).

@@ -463,6 +463,25 @@ std::shared_ptr<Work> CpuBackend::allGatherInPlace(const Tensor& data, bool asyn
   });
 }
 
+bool CpuBackend::reducesRounded(const Tensor& data) const {
+  // WindowCollectives::allReduceRounded's conditions: the direct algorithms on one host, a float32 buffer
+  // every rank maps, larger than a half (smaller ones go through the halves, as 16-bit copies).
+  return shm_ && hosts_ == 1 && !shmRing_ && !data.isCuda() && data.dtype() == DType::Float32 &&
+         data.nbytes() > shm_->halfBytes() && shm_->buffers.find(data.rawData(), data.nbytes(), shm_->me()) != 0;
+}
+
+std::shared_ptr<Work> CpuBackend::allReduceRounded(const Tensor& data, DType wire, float scale, ReduceOp op,
+                                                   bool partial, bool async) {
+  CYX_CHECK(reducesRounded(data) && (wire == DType::BFloat16 || wire == DType::Float16) &&
+                (op == ReduceOp::Sum || op == ReduceOp::Avg),
+            rankPrefix(), "all_reduce (16-bit, rounded in place): not offered for this buffer (an engine bug)");
+  CallSignature call = onBuffer(partial ? Collective::ReduceScatterRounded : Collective::AllReduceRounded, data, op);
+  call.dtype = wire;  // what the ranks must agree on; the data are float32
+  return submit(call, async, [data, wire, scale, op, partial](Collectives& local) {
+    local.allReduceRounded(data.data<float>(), static_cast<size_t>(data.numel()), wire, scale, op, partial);
+  });
+}
+
 std::shared_ptr<Work> CpuBackend::barrier(bool async) {
   return submit(callSignature(Collective::Barrier, Tensor()), async, [](Collectives& ring) { ring.barrier(); });
 }

@@ -51,6 +51,9 @@ class CpuBackend final : public Backend {
   std::shared_ptr<Work> reduceScatter(const Tensor& in, const Tensor& out, ReduceOp op, bool async) override;
   std::shared_ptr<Work> reduceScatterInPlace(const Tensor& data, ReduceOp op, bool async) override;
   std::shared_ptr<Work> allGatherInPlace(const Tensor& data, bool async) override;
+  bool reducesRounded(const Tensor& data) const override;
+  std::shared_ptr<Work> allReduceRounded(const Tensor& data, DType wire, float scale, ReduceOp op, bool partial,
+                                         bool async) override;
   std::shared_ptr<Work> barrier(bool async) override;
   // Over the point-to-point links, in issue order with the ring's collectives (peer_collectives.cpp).
   std::shared_ptr<Work> gather(const Tensor& in, const Tensor& out, int dst, bool async) override;
