@@ -113,6 +113,47 @@ def timed(step, sync, data, warmup, steps):
     return statistics.median(times)
 
 
+def compare(models, make_theirs, copy, host, args, makers, title):
+    """Ours eager (models[0]) and CUDA-graph-stepped (models[1]) against torch's step on the same data,
+    rounds interleaved: prints the table and writes it to args.out. makers: (ours_eager, ours_graphed,
+    torch_step); make_theirs: torch's model (None without a CUDA torch); title(graphed) heads the table."""
+    use_torch = make_theirs is not None and torch is not None and torch.cuda.is_available()
+    ours_eager_, ours_graphed_, torch_step_ = makers
+    data = host
+    if use_torch:
+        torch.manual_seed(0)
+        theirs = make_theirs()
+        for m in models:
+            copy(m, theirs)
+        theirs = theirs.cuda()
+        data = [(torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()) for x, y in host]
+        torch.cuda.synchronize()
+    for m in models:
+        m.to("cuda")
+    steps = {"ours": ours_eager_(models[0]), "ours, CUDA graph": ours_graphed_(models[1])}
+    syncs = {name: cx.cuda.synchronize for name in steps}
+    if use_torch:
+        steps["torch"] = torch_step_(theirs)
+        syncs["torch"] = torch.cuda.synchronize
+    medians = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            medians[name].append(timed(step, syncs[name], data, args.warmup, args.steps))
+    graphed = steps["ours, CUDA graph"].train_step
+    lines = [title(f"{'replayed' if graphed.graphed else 'NOT graphed'} ({graphed.replays} replays)"), "",
+             "| variant | step ms (median) | min..max of rounds | / torch |", "|---|---:|---:|---:|"]
+    base = statistics.median(medians["torch"]) if use_torch else None
+    for name, ms in medians.items():
+        m = statistics.median(ms)
+        ratio = f"{m / base:.3f}" if base else "-"
+        lines.append(f"| {name} | {m * 1e3:.2f} | {min(ms) * 1e3:.2f}..{max(ms) * 1e3:.2f} | {ratio} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=256)
@@ -136,45 +177,15 @@ def main():
     host = [(rng.standard_normal((args.batch, 3, args.image, args.image)).astype(np.float32),
              rng.integers(0, CLASSES, args.batch).astype(np.int64)) for _ in range(8)]
     cx.manual_seed(0)
-    models = {"ours": cx_resnet18(args.width), "ours, CUDA graph": cx_resnet18(args.width)}
     if use_torch:
         torch.backends.cudnn.benchmark = True
-        torch.manual_seed(0)
-        theirs = torch_resnet18(args.width)
-        for m in models.values():
-            copy_weights(m, theirs)
-        theirs = theirs.cuda()
-        data = [(torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()) for x, y in host]
-        torch.cuda.synchronize()
-    else:
-        data = host
-    for m in models.values():
-        m.to("cuda")
-    steps = {"ours": ours_eager(models["ours"]), "ours, CUDA graph": ours_graphed(models["ours, CUDA graph"])}
-    syncs = {name: cx.cuda.synchronize for name in steps}
-    if use_torch:
-        steps["torch"] = torch_step(theirs)
-        syncs["torch"] = torch.cuda.synchronize
-    medians = {name: [] for name in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            medians[name].append(timed(step, syncs[name], data, args.warmup, args.steps))
-    graphed = steps["ours, CUDA graph"].train_step
-    lines = [f"ResNet-18 (width {args.width}) training step, batch {args.batch}, 3x{args.image}x{args.image}, "
-             f"{datetime.date.today()}; {args.rounds} rounds x {args.steps} steps; the CUDA-graph step "
-             f"{'replayed' if graphed.graphed else 'NOT graphed'} ({graphed.replays} replays); our algorithms: "
-             f"{'cuDNN search' if os.environ.get('CYXWIZ_CUDNN_BENCHMARK') == '1' else 'cuDNN heuristic'}", "",
-             "| variant | step ms (median) | min..max of rounds | / torch |", "|---|---:|---:|---:|"]
-    base = statistics.median(medians["torch"]) if use_torch else None
-    for name, ms in medians.items():
-        m = statistics.median(ms)
-        ratio = f"{m / base:.3f}" if base else "-"
-        lines.append(f"| {name} | {m * 1e3:.2f} | {min(ms) * 1e3:.2f}..{max(ms) * 1e3:.2f} | {ratio} |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    models = [cx_resnet18(args.width), cx_resnet18(args.width)]
+    algorithms = "cuDNN search" if os.environ.get("CYXWIZ_CUDNN_BENCHMARK") == "1" else "cuDNN heuristic"
+    compare(models, (lambda: torch_resnet18(args.width)) if use_torch else None, copy_weights, host, args,
+            (ours_eager, ours_graphed, torch_step),
+            lambda graphed: f"ResNet-18 (width {args.width}) training step, batch {args.batch}, 3x{args.image}x"
+                            f"{args.image}, {datetime.date.today()}; {args.rounds} rounds x {args.steps} steps; the "
+                            f"CUDA-graph step {graphed}; our algorithms: {algorithms}")
     cx.distributed.finalize()
 
 

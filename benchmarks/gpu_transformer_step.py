@@ -26,13 +26,12 @@ ours / torch (<= 1: we are faster). No figure has been measured yet: it waits fo
 
 import argparse
 import datetime
-import statistics
 import sys
 
 import numpy as np
 
 import pycyxwiz as cx
-from gpu_cnn_step import timed  # the same timing loop as the GPU CNN benchmark's
+from gpu_cnn_step import compare  # the same rounds, timing and table as the GPU CNN benchmark's
 
 try:
     import torch
@@ -149,44 +148,11 @@ def main():
     host = [(rng.integers(0, a.vocab, (a.batch, a.context)), rng.integers(0, a.vocab, (a.batch, a.context)))
             for _ in range(4)]
     cx.manual_seed(0)
-    models = {"ours": cx_model(a), "ours, CUDA graph": cx_model(a)}
-    if use_torch:
-        torch.manual_seed(0)
-        theirs = torch_model(a)
-        for m in models.values():
-            copy_weights(m, theirs)
-        theirs = theirs.cuda()
-        data = [(torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()) for x, y in host]
-        torch.cuda.synchronize()
-    else:
-        data = host
-    for m in models.values():
-        m.to("cuda")
-    steps = {"ours": ours_eager(models["ours"]), "ours, CUDA graph": ours_graphed(models["ours, CUDA graph"])}
-    syncs = {name: cx.cuda.synchronize for name in steps}
-    if use_torch:
-        steps["torch"] = torch_step(theirs)
-        syncs["torch"] = torch.cuda.synchronize
-    medians = {name: [] for name in steps}
-    for _ in range(a.rounds):
-        for name, step in steps.items():
-            medians[name].append(timed(step, syncs[name], data, a.warmup, a.steps))
-    graphed = steps["ours, CUDA graph"].train_step
-    lines = [f"GPT-2-small-sized causal LM, {a.blocks} blocks (d_model {a.d_model}, {a.heads} heads, ff {a.ff}, "
-             f"vocab {a.vocab}), batch {a.batch} x {a.context} tokens, bf16 autocast, Adam, {datetime.date.today()}; "
-             f"{a.rounds} rounds x {a.steps} steps; the CUDA-graph step "
-             f"{'replayed' if graphed.graphed else 'NOT graphed'} ({graphed.replays} replays)", "",
-             "| variant | step ms (median) | min..max of rounds | / torch |", "|---|---:|---:|---:|"]
-    base = statistics.median(medians["torch"]) if use_torch else None
-    for name, ms in medians.items():
-        m = statistics.median(ms)
-        ratio = f"{m / base:.3f}" if base else "-"
-        lines.append(f"| {name} | {m * 1e3:.2f} | {min(ms) * 1e3:.2f}..{max(ms) * 1e3:.2f} | {ratio} |")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    compare([cx_model(a), cx_model(a)], (lambda: torch_model(a)) if use_torch else None, copy_weights, host, a,
+            (ours_eager, ours_graphed, torch_step),
+            lambda graphed: f"GPT-2-small-sized causal LM, {a.blocks} blocks (d_model {a.d_model}, {a.heads} heads, ff "
+                            f"{a.ff}, vocab {a.vocab}), batch {a.batch} x {a.context} tokens, bf16 autocast, Adam, "
+                            f"{datetime.date.today()}; {a.rounds} rounds x {a.steps} steps; the CUDA-graph step {graphed}")
     cx.distributed.finalize()
 
 

@@ -628,6 +628,53 @@ def test_sampling_is_reproducible_by_seed_and_follows_the_distribution():
     assert set(top2) <= set(np.argsort(-logits)[:2])
 
 
+def decoding_models():
+    """Causal models whose every layer decodes: a pre-norm GPT with learned positions, and post-norm
+    ReLU blocks with sinusoidal positions and a bare causal attention layer."""
+    cx.manual_seed(6)
+    post = cx.SequentialModel()
+    for layer in (cx.EmbeddingModule(11, 16), cx.PositionalEncodingModule(10, 16),
+                  cx.TransformerEncoderModule(16, 4, 24, dropout=0.1, activation="relu", causal=True, norm_first=False),
+                  cx.MultiHeadAttentionModule(16, 2, causal=True), cx.LayerNormModule(16), cx.LinearModule(16, 11)):
+        post.add(layer)
+    return {"pre-norm": gpt(T=10, dropout=0.1), "post-norm": post}
+
+
+@pytest.mark.parametrize("name", ["pre-norm", "post-norm"])
+def test_cached_generation_equals_the_uncached_one(name):
+    """use_cache (the default): the prompt once, then one token a step against the kept keys and values;
+    the same ids as running the whole window every step, greedy and sampled, before the window slides
+    (10 positions) and after (where every step reruns the window)."""
+    model = decoding_models()[name]
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    for kwargs in (dict(temperature=0), dict(temperature=0.8, top_k=5, seed=7), dict(temperature=1.5, seed=2)):
+        for new in (6, 15):  # 9 positions: the window never slides; 18: it does
+            cached = model.generate(prompt, new, **kwargs)
+            np.testing.assert_array_equal(cached, model.generate(prompt, new, use_cache=False, **kwargs), str(kwargs))
+    one = model.generate(np.array([7]), 12, temperature=0.9, seed=1)  # a one-token prompt
+    np.testing.assert_array_equal(one, model.generate(np.array([7]), 12, temperature=0.9, seed=1, use_cache=False))
+
+
+def test_cached_generation_of_every_prefix_takes_the_full_forwards_argmax():
+    """A prompt decoded at once (all its positions against the keys kept so far) continues with the argmax
+    of the full forward's logits at its last position, for every prefix."""
+    model = decoding_models()["pre-norm"]
+    model.eval()
+    ids = np.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+    full = model.forward(ids)
+    for t in range(1, 8):
+        assert model.generate(ids[:, :t], 1, temperature=0)[0, -1] == full[0, t - 1].argmax()
+
+
+def test_a_model_that_cannot_decode_generates_without_the_cache():
+    """Non-causal attention needs every position: use_cache is ignored, the result is the uncached one."""
+    cx.manual_seed(2)
+    model = cx.SequentialModel()
+    for layer in (cx.EmbeddingModule(9, 8), cx.MultiHeadAttentionModule(8, 2), cx.LinearModule(8, 9)):
+        model.add(layer)
+    np.testing.assert_array_equal(model.generate([[1, 2]], 5, seed=3), model.generate([[1, 2]], 5, seed=3, use_cache=False))
+
+
 def test_generation_refuses_float_prompts_and_bad_settings():
     model = gpt()
     with pytest.raises(ValueError, match="prompt_ids must be integer token ids"):

@@ -351,15 +351,16 @@ than that forms one per pair or layer. eval() forwards are unaffected; not saved
       .def_property_readonly("gradient_checkpointing", &SequentialModel::gradientCheckpointing,
                              "The segments set by set_gradient_checkpointing (0: off).")
       .def("generate", [](SequentialModel& self, py::handle prompt, int64_t maxNewTokens, double temperature,
-                          std::optional<int64_t> topK, uint64_t seed) {
+                          std::optional<int64_t> topK, uint64_t seed, bool useCache) {
         const Tensor ids = cyxwiz::bindings::modelInput(prompt, true, "generate prompt_ids");
         Tensor out;
-        { cyxwiz::bindings::BlockingCall unlocked; out = generate(self, ids, maxNewTokens, temperature, topK, seed); }
+        { cyxwiz::bindings::BlockingCall unlocked; out = generate(self, ids, maxNewTokens, temperature, topK, seed, useCache); }
         return toNumpy(out);
       }, py::arg("prompt_ids"), py::arg("max_new_tokens"), py::arg("temperature") = 1.0, py::arg("top_k") = py::none(),
-         py::arg("seed") = 0,
+         py::arg("seed") = 0, py::arg("use_cache") = true,
          "A causal language model's continuation of prompt_ids ((T,) or (N, T) ints): (N, T + max_new_tokens) ids, "
-         "sampled from softmax(logits / temperature) (the top_k largest when given; temperature 0: argmax).")
+         "sampled from softmax(logits / temperature) (the top_k largest when given; temperature 0: argmax).\n"
+         "use_cache: a CPU model of causal blocks keeps each token's keys and values and runs one new token a step.")
       .def("summary", [](const SequentialModel& self, py::handle in) { return self.summary(sampleShape(in)); },
            py::arg("input_shape") = py::none(),
            "A table of the layers, their output shapes and parameter counts; input_shape: an int (features) or "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # tests/distributed/test_collectives.py: seeded per-rank inputs (make), the numpy oracle
@@ -31,6 +32,33 @@ from test_examples import python as example_command
 import pycyxwiz as cx
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def close(got, want, what, tol):
+    """got == want within tol["rtol"] and tol["atol"] times the largest |want| (at least 1)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
+    np.testing.assert_allclose(got, want, err_msg=what, rtol=tol["rtol"], atol=tol["atol"] * scale)
+
+
+def seq(*layers):
+    m = cx.SequentialModel()
+    for layer in layers:
+        m.add(layer)
+    return m
+
+
+def twins(layers, seed=0):
+    """The same model (layers() makes its layers) from the same seed, on the CPU and on cuda:0."""
+    cx.manual_seed(seed)
+    cpu = seq(*layers())
+    cx.manual_seed(seed)
+    gpu = seq(*layers()).to("cuda")
+    assert gpu.device == "cuda:0"
+    for p, q in zip(cpu.parameters(), gpu.parameters()):
+        assert np.array_equal(p, q)
+    return cpu, gpu
 
 
 def gpu_skip_reason() -> str:

@@ -16,7 +16,8 @@ import sys
 
 import numpy as np
 import pytest
-from gpu_support import assert_same_digest, ddp_reports, requires_gpu, requires_two_gpus
+from gpu_support import assert_same_digest, ddp_reports, requires_gpu, requires_two_gpus, seq, twins
+from gpu_support import close as close_to
 from test_conv_ddp import CNN as CONV_DDP_PRELUDE
 from harness import rank_env
 
@@ -29,17 +30,7 @@ CONV = dict(rtol=1e-4, atol=2e-5)
 
 
 def close(got, want, what, tol=CONV):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
-    np.testing.assert_allclose(got, want, err_msg=what, rtol=tol["rtol"], atol=tol["atol"] * scale)
-
-
-def seq(*layers):
-    m = cx.SequentialModel()
-    for layer in layers:
-        m.add(layer)
-    return m
+    close_to(got, want, what, tol)
 
 
 def block(cin, cout, stride):
@@ -79,17 +70,6 @@ CASES = {
                               cx.ReLUModule(), block(8, 8, 1), block(8, 16, 2), cx.GlobalAvgPool2DModule(),
                               cx.LinearModule(16, 10)], (4, 3, 8, 8)),
 }
-
-
-def twins(layers, seed=0):
-    cx.manual_seed(seed)
-    cpu = seq(*layers())
-    cx.manual_seed(seed)
-    gpu = seq(*layers()).to("cuda")
-    assert gpu.device == "cuda:0"
-    for p, q in zip(cpu.parameters(), gpu.parameters()):
-        assert np.array_equal(p, q)
-    return cpu, gpu
 
 
 def images(shape, seed=1):

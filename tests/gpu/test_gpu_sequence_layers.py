@@ -17,7 +17,8 @@ import sys
 
 import numpy as np
 import pytest
-from gpu_support import DDP_PRELUDE, assert_same_digest, ddp_reports, requires_gpu, requires_two_gpus
+from gpu_support import DDP_PRELUDE, assert_same_digest, ddp_reports, requires_gpu, requires_two_gpus, seq, twins
+from gpu_support import close as close_to
 from harness import rank_env
 
 import pycyxwiz as cx
@@ -28,28 +29,7 @@ SEQ = dict(rtol=1e-5, atol=1e-5)
 
 
 def close(got, want, what, tol=SEQ):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
-    np.testing.assert_allclose(got, want, err_msg=what, rtol=tol["rtol"], atol=tol["atol"] * scale)
-
-
-def seq(*layers):
-    m = cx.SequentialModel()
-    for layer in layers:
-        m.add(layer)
-    return m
-
-
-def twins(layers, seed=0):
-    cx.manual_seed(seed)
-    cpu = seq(*layers())
-    cx.manual_seed(seed)
-    gpu = seq(*layers()).to("cuda")
-    assert gpu.device == "cuda:0"
-    for p, q in zip(cpu.parameters(), gpu.parameters()):
-        assert np.array_equal(p, q)
-    return cpu, gpu
+    close_to(got, want, what, tol)
 
 
 def floats(shape, seed=1):

@@ -16,14 +16,6 @@ namespace cyxwiz::nn {
 
 namespace {
 
-// y (R, out) = x (R, in) w^T (+ b): the bias seeds each row, the product adds onto it.
-void project(const float* x, const float* w, const float* b, float* y, int64_t R, int64_t in, int64_t out) {
-  if (b) {
-    for (int64_t r = 0; r < R; ++r) std::copy(b, b + out, y + r * out);
-  }
-  blas::sgemm(false, true, R, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
-}
-
 // dw += g^T x, db += column sums of g (dx = g w is the caller's: it may not be needed).
 void projectBackward(const float* x, const float* g, float* dw, float* db, int64_t R, int64_t in, int64_t out) {
   blas::sgemm(true, false, out, in, R, 1.0f, g, out, x, in, 1.0f, dw, in);
@@ -85,7 +77,7 @@ Tensor MultiHeadAttentionModule::forward(const Tensor& input) {
     linearForward16(input_.reshape({R, E}), inWeight_.value.data<float>(), inBias, qkv_.data<float>(), 3 * E, false);
     roundFloats(qkv_.data<float>(), qkv_.data<float>(), qkv_.numel(), *half);
   } else {
-    project(input_.data<float>(), inWeight_.value.data<float>(), inBias, qkv_.data<float>(), R, E, 3 * E);
+    attention_cpu::project(input_.data<float>(), inWeight_.value.data<float>(), inBias, qkv_.data<float>(), R, E, 3 * E);
   }
   attn_ = Tensor::empty({R, E});
   lse_ = Tensor::empty({N, H, T});
@@ -101,7 +93,7 @@ Tensor MultiHeadAttentionModule::forward(const Tensor& input) {
     attn_ = narrowActivation(attn_, *half);  // out_proj's kept input
     linearForward16(attn_, outWeight_.value.data<float>(), outBias, output.data<float>(), E, false);
   } else {
-    project(attn_.data<float>(), outWeight_.value.data<float>(), outBias, output.data<float>(), R, E, E);
+    attention_cpu::project(attn_.data<float>(), outWeight_.value.data<float>(), outBias, output.data<float>(), R, E, E);
   }
   return output;
 }

@@ -37,6 +37,11 @@ class MultiHeadAttentionModule : public Module {
   int64_t embedDim() const { return embed_; }
   int64_t numHeads() const { return heads_; }
   bool causal() const { return causal_; }
+  // Causal self-attention decodes: the new tokens' queries against the keys and values of every token
+  // since resetDecoding(), kept here (N x length x E each, grown by doubling). CPU.
+  bool canDecode() const override { return causal_; }
+  Tensor decode(const Tensor& input, int64_t position) override;
+  void resetDecoding() override;
   double dropout() const { return dropout_; }
   bool hasBias() const { return bias_; }
 
@@ -59,6 +64,9 @@ class MultiHeadAttentionModule : public Module {
   // of its scores (N, H, T), and the dropout it drew (its seed; keep 1 when none applied).
   Tensor input_, qkv_, attn_, lse_;
   attention_cpu::Dropout drop_;
+  // decode()'s keys and values: (N, capacity, E) each, the first decoded_ positions filled.
+  std::vector<float> keys_, values_;
+  int64_t decodedN_ = 0, capacity_ = 0, decoded_ = 0;
 
   // The GPU path (attention_gpu.cpp): forward dispatches CUDA inputs there, backward follows when the
   // GPU forward ran. Its own caches (the CPU path's may change independently): the input, the

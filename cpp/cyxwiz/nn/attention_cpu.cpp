@@ -64,6 +64,14 @@ float expShifted(float* s, int64_t seen, float shift) {
 
 }  // namespace
 
+// y (R, out) = x (R, in) w^T (+ b): the bias seeds each row, the product adds onto it.
+void project(const float* x, const float* w, const float* b, float* y, int64_t R, int64_t in, int64_t out) {
+  if (b) {
+    for (int64_t r = 0; r < R; ++r) std::copy(b, b + out, y + r * out);
+  }
+  blas::sgemm(false, true, R, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
+}
+
 void forward(const Dims& d, const Dropout& drop, const float* qkv, float* out, float* lse) {
   const int64_t T = d.t, E = d.e, dh = E / d.heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));

@@ -24,6 +24,9 @@ struct Dropout {
   bool on() const { return keep < 1.0f; }
 };
 
+// y (R, out) = x (R, in) w^T (+ b), row-major: the projections in and out of the heads.
+void project(const float* x, const float* w, const float* b, float* y, int64_t R, int64_t in, int64_t out);
+
 // qkv (N*T, 3E) -> out (N*T, E); lse (N, H, T): each query's log-sum-exp of its scaled scores.
 void forward(const Dims& d, const Dropout& drop, const float* qkv, float* out, float* lse);
 

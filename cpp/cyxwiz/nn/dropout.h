@@ -11,6 +11,7 @@ class DropoutModule : public Module {
   explicit DropoutModule(double p = 0.5);
 
   std::string typeName() const override { return "DropoutModule"; }
+  bool canDecode() const override { return true; }  // acts on each position alone
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& gradOutput) override;
   ModuleSpec spec() const override { return {typeName(), {{"p", p_}}}; }

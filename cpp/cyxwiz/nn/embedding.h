@@ -16,6 +16,7 @@ class EmbeddingModule : public Module {
   EmbeddingModule(int64_t numEmbeddings, int64_t embeddingDim);
 
   std::string typeName() const override { return "EmbeddingModule"; }
+  bool canDecode() const override { return true; }  // acts on each position alone
   Tensor forward(const Tensor& input) override;
   // Adds into the rows of the ids forward saw; ids have no gradient (returns an undefined tensor).
   Tensor backward(const Tensor& gradOutput) override;

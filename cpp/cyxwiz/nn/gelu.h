@@ -9,6 +9,7 @@ namespace cyxwiz::nn {
 class GELUModule : public Module {
  public:
   std::string typeName() const override { return "GELUModule"; }
+  bool canDecode() const override { return true; }  // acts on each position alone
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& gradOutput) override;
 

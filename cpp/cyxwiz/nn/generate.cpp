@@ -44,15 +44,41 @@ int64_t draw(const float* logits, int64_t V, double temperature, std::optional<i
   return order[static_cast<size_t>(k - 1)];
 }
 
+// Every layer can decode (Module::canDecode) and the model is on the CPU.
+bool decodable(const SequentialModel& model) {
+  if (model.device().type != DeviceType::CPU) return false;
+  for (const auto& m : model.modules()) {
+    if (!m->canDecode()) return false;
+  }
+  return true;
+}
+
+// ids[:, begin:end) of (N, total) ids.
+Tensor columns(const int64_t* ids, int64_t N, int64_t total, int64_t begin, int64_t end) {
+  Tensor out = Tensor::empty({N, end - begin}, DType::Int64);
+  for (int64_t n = 0; n < N; ++n) std::memcpy(out.data<int64_t>() + n * (end - begin), ids + n * total + begin, (end - begin) * sizeof(int64_t));
+  return out;
+}
+
+// The model's decode of tokens at positions [position, ...): logits (N, T, vocab).
+Tensor decodeModel(SequentialModel& model, Tensor x, int64_t position) {
+  for (const auto& m : model.modules()) x = m->decode(x, position);
+  return x;
+}
+
+void resetDecoding(SequentialModel& model) {
+  for (const auto& m : model.modules()) m->resetDecoding();
+}
+
 }  // namespace
 
 Tensor generate(SequentialModel& model, const Tensor& prompt, int64_t maxNewTokens, double temperature,
-                std::optional<int64_t> topK, uint64_t seed) {
+                std::optional<int64_t> topK, uint64_t seed, bool useCache) {
   CYX_CHECK(prompt.dtype() == DType::Int64 && (prompt.dim() == 1 || prompt.dim() == 2) && prompt.numel() > 0,
             "generate: prompt_ids must be integer token ids of shape (T,) or (N, T) with T >= 1, got ",
             dtypeName(prompt.dtype()), " ", shapeString(prompt.shape()));
   if (prompt.dim() == 1) {  // one sequence: (T,) in, (T + max_new_tokens,) out
-    const Tensor ids = generate(model, prompt.reshape({1, prompt.size(0)}), maxNewTokens, temperature, topK, seed);
+    const Tensor ids = generate(model, prompt.reshape({1, prompt.size(0)}), maxNewTokens, temperature, topK, seed, useCache);
     return ids.reshape({ids.size(1)});
   }
   CYX_CHECK(maxNewTokens >= 0, "generate: max_new_tokens=", maxNewTokens, " must be 0 or more");
@@ -68,23 +94,38 @@ Tensor generate(SequentialModel& model, const Tensor& prompt, int64_t maxNewToke
   const bool wasTraining = model.training();
   model.eval();
   std::mt19937_64 gen(seed);
+  const bool cached = useCache && decodable(model);
+  if (cached) resetDecoding(model);
+  int64_t kept = 0;  // positions the layers' caches hold (cached only)
   try {
     for (int64_t t = T0; t < total; ++t) {
       const int64_t len = std::min(t, context), first = t - len;
-      Tensor window = Tensor::empty({N, len}, DType::Int64);
-      for (int64_t n = 0; n < N; ++n) std::memcpy(window.data<int64_t>() + n * len, out + n * total + first, len * sizeof(int64_t));
-      const Tensor logits = model.forward(window).to(Device{});
-      CYX_CHECK(logits.dim() == 3 && logits.size(0) == N && logits.size(1) == len, "generate: the model must map ids (N, T) "
+      Tensor logits;
+      if (!cached) {
+        logits = model.forward(columns(out, N, total, first, t)).to(Device{});
+      } else if (first == 0 && kept > 0) {  // one new token, after those the caches hold
+        logits = decodeModel(model, columns(out, N, total, t - 1, t), kept);
+        kept = t;
+      } else {
+        // The prompt, or a window that slid (every position moved: what the caches hold is stale).
+        resetDecoding(model);
+        logits = decodeModel(model, columns(out, N, total, first, t), 0);
+        kept = len;
+      }
+      const int64_t rows = logits.dim() == 3 ? logits.size(1) : 0;
+      CYX_CHECK(logits.dim() == 3 && logits.size(0) == N && rows > 0, "generate: the model must map ids (N, T) "
                 "to logits (N, T, vocab), got ", shapeString(logits.shape()));
       const int64_t V = logits.size(2);
       for (int64_t n = 0; n < N; ++n) {
-        out[n * total + t] = draw(logits.data<float>() + (n * len + len - 1) * V, V, temperature, topK, gen);
+        out[n * total + t] = draw(logits.data<float>() + (n * rows + rows - 1) * V, V, temperature, topK, gen);
       }
     }
   } catch (...) {
+    if (cached) resetDecoding(model);
     if (wasTraining) model.train();
     throw;
   }
+  if (cached) resetDecoding(model);  // the keys and values go with the call
   if (wasTraining) model.train();
   return ids;
 }

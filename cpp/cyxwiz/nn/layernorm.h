@@ -15,6 +15,7 @@ class LayerNormModule : public Module {
   explicit LayerNormModule(Shape normalizedShape, double eps = 1e-5);
 
   std::string typeName() const override { return "LayerNormModule"; }
+  bool canDecode() const override { return true; }  // acts on each position alone
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& gradOutput) override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }

@@ -11,6 +11,7 @@ class LinearModule : public Module {
   LinearModule(int64_t inFeatures, int64_t outFeatures, bool bias = true);
 
   std::string typeName() const override { return "LinearModule"; }
+  bool canDecode() const override { return true; }  // acts on each position alone
   Tensor forward(const Tensor& input) override;
   // forward, then ReLU, in one call (a cuBLASLt epilogue on a GPU); SequentialModel uses it for a
   // LinearModule followed by a ReLUModule.

@@ -69,6 +69,16 @@ class Module {
   // True for a layer whose input is token ids (EmbeddingModule): the bindings then pass integer arrays
   // as int64 instead of converting them to float32.
   virtual bool takesIndices() const { return false; }
+  // Key/value-cached generation (nn/generate.cpp): decode(x, position) is forward of the tokens at
+  // positions [position, position + T) of sequences whose earlier tokens went through decode() since
+  // resetDecoding(). canDecode(): the layers that act on each position alone (their forward serves),
+  // the positional encoding (the offset) and causal attention (the keys and values it keeps); CPU only.
+  virtual bool canDecode() const { return false; }
+  virtual Tensor decode(const Tensor& input, int64_t position) {
+    (void)position;
+    return forward(input);
+  }
+  virtual void resetDecoding() {}
 
   void zeroGrad();
   int64_t numParameters();

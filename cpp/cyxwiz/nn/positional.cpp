@@ -69,6 +69,24 @@ Tensor PositionalEncodingModule::forward(const Tensor& input) {
   return output;
 }
 
+Tensor PositionalEncodingModule::decode(const Tensor& input, int64_t position) {
+  requireInput(input, repr() + ".decode", 3, "(N, T, D)");
+  const int64_t N = input.size(0), T = input.size(1);
+  CYX_CHECK(input.size(2) == dim_ && position >= 0 && position + T <= maxLen_, repr(), ".decode: positions ", position,
+            "..", position + T - 1, " of (N, T, ", dim_, ") input ", shapeString(input.shape()), " do not fit max_len ", maxLen_);
+  const Tensor& table = learned_ ? weight_.value : table_;
+  CYX_CHECK(!input.isCuda() && !table.isCuda(), repr(), ".decode runs on the CPU");
+  const float* pe = table.data<float>() + position * dim_;
+  const float* x = input.data<float>();
+  Tensor output = Tensor::empty(input.shape());
+  float* y = output.data<float>();
+  const int64_t TD = T * dim_;
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t i = 0; i < TD; ++i) y[n * TD + i] = x[n * TD + i] + pe[i];
+  }
+  return output;
+}
+
 Tensor PositionalEncodingModule::backward(const Tensor& gradOutput) {
   if (inputShape_.empty()) throw InvalidArgument(repr() + ".backward called before forward; run forward on the batch first");
   if (gradOutput.dtype() != DType::Float32 || gradOutput.shape() != inputShape_) {

@@ -20,6 +20,8 @@ class PositionalEncodingModule : public Module {
   std::string repr() const override;
   Shape outputShape(const Shape& input) const override;
   void to(const Device& device) override;
+  bool canDecode() const override { return true; }
+  Tensor decode(const Tensor& input, int64_t position) override;  // + pe[position, position + T), CPU
 
   int64_t maxLen() const { return maxLen_; }
   int64_t dim() const { return dim_; }

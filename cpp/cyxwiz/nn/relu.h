@@ -8,6 +8,7 @@ namespace cyxwiz::nn {
 class ReLUModule : public Module {
  public:
   std::string typeName() const override { return "ReLUModule"; }
+  bool canDecode() const override { return true; }  // acts on each position alone
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& gradOutput) override;
   // For a ReLU fused into the layer before it: the derivative at the input equals the derivative at

@@ -123,6 +123,19 @@ Tensor TransformerEncoderModule::forward(const Tensor& input) {
   return norm2_->forward(sum(h, feedForward(h)));
 }
 
+// forward's composition with the attention decoding (eval: the dropouts are identities).
+Tensor TransformerEncoderModule::decode(const Tensor& input, int64_t position) {
+  requireInput(input, repr() + ".decode", 3, "(N, T, d_model)");
+  if (normFirst_) {
+    const Tensor h = sum(input, drop1_->forward(attn_->decode(norm1_->forward(input), position)));
+    return sum(h, feedForward(norm2_->forward(h)));
+  }
+  const Tensor h = norm1_->forward(sum(input, drop1_->forward(attn_->decode(input, position))));
+  return norm2_->forward(sum(h, feedForward(h)));
+}
+
+void TransformerEncoderModule::resetDecoding() { attn_->resetDecoding(); }
+
 Tensor TransformerEncoderModule::backward(const Tensor& gradOutput) {
   if (!ran_) throw InvalidArgument(repr() + ".backward called before forward; run forward on the batch first");
   Tensor gx;

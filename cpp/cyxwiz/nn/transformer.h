@@ -32,6 +32,9 @@ class TransformerEncoderModule : public Module {
   Shape outputShape(const Shape& input) const override { return attn_->outputShape(input); }
   std::vector<Module*> innerModules() override;  // the sublayers, in forward order
   void setTraining(bool training) override;
+  bool canDecode() const override { return causal_; }  // its attention keeps the keys and values
+  Tensor decode(const Tensor& input, int64_t position) override;
+  void resetDecoding() override;
 
  protected:
   void clearCache() override;
