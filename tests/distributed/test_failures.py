@@ -656,15 +656,16 @@ except Exception as e:
 def test_timeout_is_time_without_progress(watch):
     """A slow link that keeps moving is not a timeout; a peer that stops moving still is.
 
-    For 1.5 x the 4 s timeout, rank 1 is stopped for 1.9 s and resumed for 3 ms in turns
+    For 1.5 x the 8 s timeout, rank 1 is stopped for 1.9 s and resumed for 3 ms in turns
     (SIGSTOP/SIGCONT), then left to finish: a 256 MB all_reduce takes longer than the timeout in
-    total while no wait lasts 4 s (a window that rank 1 misses on a busy machine leaves 3.8 s). The
+    total while no wait lasts 8 s (with a 4 s timeout, two windows that rank 1 missed on a loaded CI
+    machine made 3.8 s + scheduling and timed out; now four missed in a row would be needed). The
     windows are short because shared memory reduces 256 MB in 30-70 ms here, and a loaded machine
     stretches a 3 ms sleep: with 1.2 s stops the call finished in three windows (3.6 s, under the
     timeout it had to outlast) in 2 of 4 CI runs while other builds ran; three 1.9 s stops are 5.7 s.
     Rank 1 is first stopped before its call starts (the ranks wait 1 s after READY), so a late read of
     READY cannot hand it a free run either (it once finished in 1.3 s that way)."""
-    timeout_s = 4.0
+    timeout_s = 8.0
     procs = watch.start(PROGRESS_CODE, 2, env={"DISTRIBUTED_TIMEOUT_MS": str(int(timeout_s * 1000))})
     watch.wait_line(procs, "READY", timeout=60)
     r0, r1 = procs
