@@ -105,7 +105,32 @@ def test_checkpoint_files_every_n_epochs_atomic_then_barrier(ranks, master_only)
 
 # ---------------------------------------------------------------------- resume: bit-identical runs
 
-RESUME = PRELUDE + r'''
+# A causal Transformer language model (dropout in its attention and feed-forward, whose masks come from
+# the layers' seeds) on next-token windows: build() and blobs() in place of the MLP on blobs.
+LANGUAGE_MODEL = r'''
+V, T = 11, 8
+
+
+def build(seed=0, dropout=None):
+    cx.manual_seed(seed)
+    m = cx.SequentialModel()
+    m.add(cx.EmbeddingModule(V, 16))
+    m.add(cx.PositionalEncodingModule(T, 16))
+    m.add(cx.TransformerEncoderModule(16, 2, 32, dropout=dropout or 0.0, causal=True))
+    m.add(cx.LinearModule(16, V))
+    return m
+
+
+def blobs(n, seed):
+    """Windows of a noisy cycle of V symbols: ids (n, T) as float32, as the trainer passes them, and
+    the next ids (n, T)."""
+    rng = np.random.RandomState(seed)
+    text = (np.arange(n + T + 1) + (rng.rand(n + T + 1) < 0.2)) % V
+    ids = np.stack([text[i:i + T + 1] for i in range(n)])
+    return ids[:, :-1].astype(np.float32), ids[:, 1:].astype(np.int64)
+'''
+
+RESUME_RUNS = r'''
 D.init()
 MODE, HOW = os.environ["MODE"], os.environ["HOW"]
 X, y = blobs(244, seed=5)      # validation_split 0.25: 183 training rows (padded on 2 ranks), 61 validation
@@ -134,6 +159,8 @@ else:                          # new processes, another initial model, a fresh o
     h = trainer.fit(X, y, cfg)
 dump(MODE, history=hist(h), params=params(model), digest=digest(model))
 '''
+RESUME = PRELUDE + RESUME_RUNS
+RESUME_LM = PRELUDE + LANGUAGE_MODEL + RESUME_RUNS
 
 
 @pytest.mark.parametrize("how", ["load_checkpoint", "resume_latest", "resume_path"])
@@ -154,6 +181,20 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(ranks, how):
     assert [m.group(1) for m in map(CKPT.fullmatch, listing(ranks.tmp_path / "ck")) if m] == \
         ["0001", "0002", "0003", "0004"], listing(ranks.tmp_path / "ck")
     assert leftovers(ranks.tmp_path) == []
+
+
+def test_a_language_model_with_dropout_resumes_bit_identically(ranks):
+    """Issue 35's "checkpoints and resume": a Transformer block's dropout masks, the positions over
+    (N, T) targets and Adam's state all continue where the checkpoint left them."""
+    for mode in ("full", "first", "resume"):
+        run(ranks, RESUME_LM, 2, env={"MODE": mode, "HOW": "resume_latest"}, timeout=90)
+    full, first, resumed = (outputs(ranks.tmp_path, mode, 2) for mode in ("full", "first", "resume"))
+    for reports in (full, first, resumed):
+        assert_same(reports, "digest", "history")
+    losses = full[0]["history"]["train_losses"]
+    assert losses[-1] < 0.8 * losses[0], f"the language model did not learn: {losses}"
+    assert first[0]["history"]["train_losses"] == losses[:2]
+    assert_same_run(resumed[0], full[0], "a language model: 2 epochs + resume latest + 2 epochs vs 4 epochs")
 
 
 @pytest.mark.parametrize("first,resumed", [("1", "1"), ("1", "0"), ("0", "1")],
