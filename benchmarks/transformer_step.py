@@ -4,6 +4,7 @@
     python benchmarks/transformer_step.py                    # issue 35's model, 1 and 2 threads
     python benchmarks/transformer_step.py --context 1024 --batch 2 --rounds 2
     python benchmarks/transformer_step.py --quick            # CI smoke run
+    python benchmarks/transformer_step.py --autocast         # also both under bfloat16 autocast
 
 Model: token embedding (vocab 256) + learned positions, 2 encoder blocks (d_model 128, 4 heads,
 feed-forward 512, GELU, pre-norm, causal, no dropout), LayerNorm, Linear to the vocabulary;
@@ -12,6 +13,9 @@ torch: the same layers (nn.TransformerEncoderLayer(batch_first=True, norm_first=
 mask: its attention runs scaled_dot_product_attention), torch's weights copied into ours.
 Timing: rounds interleaved (ours, torch, ours, ...), each the median over --steps steps after a
 warm-up; reported: the median of the round medians and ratio = torch / ours (>= 1: we are faster).
+--autocast: two more rows per round, ours under cx.autocast("bfloat16") and torch under
+torch.autocast("cpu", torch.bfloat16), on copies of the same weights; reported with ours bf16 / ours
+float32 (<= 1: autocast is no slower) and the bfloat16 provider (cx.build_info()["blas16"]).
 Peak memory (--memory): the peak RSS growth over two steps from before the first (activations, what
 backward keeps, optimizer state), ours and torch's each in a fresh process.
 """
@@ -80,16 +84,23 @@ def data(n, batch, T):
     return [(rng.integers(0, VOCAB, (batch, T)), rng.integers(0, VOCAB, (batch, T))) for _ in range(n)]
 
 
-def time_torch(model, opt, batches):
+def time_torch(model, opt, batches, bf16=False):
     times = []
     for x, y in batches:
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(xt).reshape(-1, VOCAB), yt.reshape(-1)).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(xt)
+        torch.nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), yt.reshape(-1)).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
     return times
+
+
+def time_ours_bf16(model, opt, batches):
+    with cx.autocast("bfloat16"):
+        return time_ours(model, opt, batches)
 
 
 def measure(args, threads):
@@ -98,18 +109,28 @@ def measure(args, threads):
     ours = cx_model(args.context)
     opt_ours = cx.AdamOptimizer(LR)
     batches = data(args.steps + args.warmup, args.batch, args.context)
-    result = {"ours": []}
+    runs = {"ours": lambda: time_ours(ours, opt_ours, batches)}
+    if args.autocast:
+        cx.manual_seed(0)
+        ours16, opt16 = cx_model(args.context), cx.AdamOptimizer(LR)
+        runs["ours bf16"] = lambda: time_ours_bf16(ours16, opt16, batches)
     if torch is not None:
         torch.set_num_threads(threads)
         torch.manual_seed(0)
         theirs = TorchModel(args.context)
         copy_weights(ours, theirs)
         opt_torch = torch.optim.Adam(theirs.parameters(), lr=LR)
-        result["torch"] = []
+        runs["torch"] = lambda: time_torch(theirs, opt_torch, batches)
+        if args.autocast:
+            torch.manual_seed(0)
+            theirs16 = TorchModel(args.context)
+            copy_weights(ours, theirs16)
+            opt_torch16 = torch.optim.Adam(theirs16.parameters(), lr=LR)
+            runs["torch bf16"] = lambda: time_torch(theirs16, opt_torch16, batches, bf16=True)
+    result = {k: [] for k in runs}
     for _ in range(args.rounds):
-        result["ours"].append(statistics.median(time_ours(ours, opt_ours, batches)[args.warmup:]))
-        if torch is not None:
-            result["torch"].append(statistics.median(time_torch(theirs, opt_torch, batches)[args.warmup:]))
+        for k, run in runs.items():
+            result[k].append(statistics.median(run()[args.warmup:]))
     return {k: statistics.median(v) for k, v in result.items()}
 
 
@@ -160,6 +181,7 @@ def parse_args():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--autocast", action="store_true", help="also ours and torch's steps under bfloat16 autocast")
     p.add_argument("--memory", action="store_true", help="also the peak RSS growth of a step, each framework alone")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 thread, 1 round of 2 steps")
     p.add_argument("--out", default="", help="also write the table to this markdown file")
@@ -174,11 +196,21 @@ def main():
     lines = [f"Transformer training step: 2 blocks, d_model {D}, {HEADS} heads, ff {FF}, context {args.context}, "
              f"batch {args.batch}, Adam; {datetime.date.today()}; median of {args.rounds} round medians "
              f"of {args.steps} steps", "", "| threads | pycyxwiz ms | torch ms | torch / ours |", "|---:|---:|---:|---:|"]
+    if args.autocast:
+        lines[2:] = ["| threads | pycyxwiz ms | torch ms | torch / ours | pycyxwiz bf16 ms | torch bf16 ms | "
+                     "torch bf16 / ours bf16 | ours bf16 / ours float32 |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for threads in args.threads:
         r = measure(args, threads)
         t = r.get("torch")
-        lines.append(f"| {threads} | {r['ours'] * 1e3:.1f} | {t * 1e3:.1f} | {t / r['ours']:.2f} |" if t else
-                     f"| {threads} | {r['ours'] * 1e3:.1f} | - | - |")
+        row = (f"| {threads} | {r['ours'] * 1e3:.1f} | {t * 1e3:.1f} | {t / r['ours']:.2f} |" if t else
+               f"| {threads} | {r['ours'] * 1e3:.1f} | - | - |")
+        if args.autocast:
+            o16, t16 = r["ours bf16"], r.get("torch bf16")
+            row += (f" {o16 * 1e3:.1f} | {t16 * 1e3:.1f} | {t16 / o16:.2f} |" if t16 else f" {o16 * 1e3:.1f} | - | - |")
+            row += f" {o16 / r['ours']:.2f} |"
+        lines.append(row)
+    if args.autocast:
+        lines += ["", f"bfloat16 products: {cx.build_info()['blas16']}"]
     if args.memory and torch is not None:
         ours, theirs = peak_growth(args, "ours"), peak_growth(args, "torch")
         lines += ["", f"Peak RSS growth over two steps from before the first (one thread): pycyxwiz {ours:.0f} MiB, "
