@@ -173,6 +173,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def communicate_all(procs, timeout: float) -> list:
+    """(stdout, stderr) of every rank process (each in its own session); any still running after the
+    timeout, or when one fails, is killed with its group."""
+    try:
+        return [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.communicate()
+
+
 def run(backend: str, mode: str, arg: str, steps: int, world: int, tmp: str, timeout: float) -> dict:
     script = os.path.join(tmp, "worker.py")
     with open(script, "w") as f:
@@ -187,13 +199,7 @@ def run(backend: str, mode: str, arg: str, steps: int, world: int, tmp: str, tim
         procs.append(subprocess.Popen([sys.executable, script, backend, mode, arg, str(steps)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       start_new_session=True))
-    try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.communicate()
+    outs = communicate_all(procs, timeout)
     lines = [ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")]
     rcs = [p.returncode for p in procs]
     # Gloo (also the group of "none") may abort at exit after a complete run, a Gloo bug seen without

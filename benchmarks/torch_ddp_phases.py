@@ -29,11 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from torch_backend import communicate_all, free_port
 
 WORKER = r'''
 import json, os, statistics, sys, time
@@ -152,12 +153,6 @@ if rank == 0:
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(model: str, steps: int, rounds: int, world: int, adam: str, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "worker.py")
@@ -172,13 +167,7 @@ def run(model: str, steps: int, rounds: int, world: int, adam: str, timeout: flo
             procs.append(subprocess.Popen([sys.executable, script, model, str(steps), str(rounds), adam], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           start_new_session=True))
-        try:
-            outs = [p.communicate(timeout=timeout) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, 9)
-                    p.communicate()
+        outs = communicate_all(procs, timeout)
     lines = [ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")]
     if not lines or any(p.returncode != 0 for p in procs):
         sys.exit("a rank failed:\n" + "\n".join(err[-3000:] for _, err in outs))
