@@ -6,6 +6,7 @@ ceiling of N busy ranks).
     python benchmarks/train_throughput.py --world-sizes 2 4 8    # on a machine with >= 8 cores
     python benchmarks/train_throughput.py --modes ddp nocomm     # without the sharded mode
     python benchmarks/train_throughput.py --modes ddp bf16 nocomm --models large   # 16-bit gradient exchange
+    python benchmarks/train_throughput.py --no-torch --modes ddp unfused sharded sharded-unfused nocomm
     python benchmarks/train_throughput.py --quick                # CI smoke run: 2 ranks, small model (< 60 s)
 
 Modes (--modes, default all three, rounds in this order):
@@ -18,6 +19,10 @@ Modes (--modes, default all three, rounds in this order):
   bf16     gradients exchanged in bfloat16 (not in the default modes): pycyxwiz DDP with
            DDPConfig.gradient_dtype = "bfloat16"; torch DDP with the body of bf16_compress_hook as its comm
            hook (default_hooks._compress_hook(torch.bfloat16): the public hook refuses anything but CUDA/XPU)
+  unfused, sharded-unfused
+           ddp and sharded with pycyxwiz's fused optimizer step off (CYXWIZ_DDP_FUSED_STEP=0 while wrapping;
+           not in the default modes; pycyxwiz only): each bucket all-reduced (reduce-scattered), then the
+           optimizer steps on it, as before the fused step
   nocomm   the same training without any gradient exchange (the compute-only ceiling)
 CYXWIZ_DDP_SHARD_OPTIMIZER is not passed to the ranks (it would shard the ddp mode too).
 
@@ -56,12 +61,16 @@ from mlp import MODELS  # noqa: E402 - the layer sizes of the MLP the workers tr
 WORKER = os.path.join(HERE, "train_throughput_worker.py")
 BATCH = 64
 FRAMEWORKS = ["pycyxwiz", "torch"]
-MODES = ["ddp", "sharded", "bf16", "nocomm"]
+MODES = ["ddp", "unfused", "sharded", "sharded-unfused", "bf16", "nocomm"]
 DEFAULT_MODES = ["ddp", "sharded", "nocomm"]
-COMM_MODES = ["ddp", "sharded", "bf16"]
-QUICK_MODES = MODES  # --quick measures every mode (about 15 s on 2 cores with torch)
+COMM_MODES = ["ddp", "unfused", "sharded", "sharded-unfused", "bf16"]
+UNFUSED_MODES = ["unfused", "sharded-unfused"]  # pycyxwiz only
+QUICK_MODES = [m for m in MODES if m not in UNFUSED_MODES]  # --quick measures every other mode (about 15 s on 2 cores with torch)
 SHARD_ENV = "CYXWIZ_DDP_SHARD_OPTIMIZER"  # not passed to the ranks: it would shard the ddp mode too
 VARIANT = {("pycyxwiz", "ddp"): "pycyxwiz DDP", ("pycyxwiz", "sharded"): "pycyxwiz DDP sharded",
+           ("pycyxwiz", "unfused"): "pycyxwiz DDP unfused step",
+           ("pycyxwiz", "sharded-unfused"): "pycyxwiz DDP sharded, unfused step",
+           ("torch", "unfused"): "torch (no unfused mode)", ("torch", "sharded-unfused"): "torch (no unfused mode)",
            ("pycyxwiz", "nocomm"): "pycyxwiz no-comm", ("pycyxwiz", "bf16"): "pycyxwiz DDP bf16 gradients",
            ("torch", "bf16"): "torch DDP bf16 compress hook",
            ("torch", "ddp"): "torch DDP", ("torch", "sharded"): "torch DDP sharded (ZeRO)",
@@ -115,9 +124,12 @@ def availability(ver, no_torch):
         for m in COMM_MODES:
             no_mode[("pycyxwiz", m)] = "this pycyxwiz has no cx.distributed.DistributedDataParallel (no-comm measured alone)"
     elif why["pycyxwiz"] is None and not p.get("shard"):
-        no_mode[("pycyxwiz", "sharded")] = "this pycyxwiz has no cx.distributed.DDPConfig.shard_optimizer"
+        for m in ("sharded", "sharded-unfused"):
+            no_mode[("pycyxwiz", m)] = "this pycyxwiz has no cx.distributed.DDPConfig.shard_optimizer"
     if why["pycyxwiz"] is None and p.get("ddp") and not p.get("bf16"):
         no_mode[("pycyxwiz", "bf16")] = "this pycyxwiz has no cx.distributed.DDPConfig.gradient_dtype"
+    for m in UNFUSED_MODES:
+        no_mode[("torch", m)] = "pycyxwiz's fused optimizer step has no torch counterpart"
     return why, no_mode
 
 
@@ -365,7 +377,8 @@ def main_table(s, model, worlds, fws, modes):
     times, ratio = DDP / no-comm and ratio (sharded) = sharded / no-comm; pycyxwiz/torch for DDP and sharded;
     samples/s of DDP (of sharded when DDP was not asked for)."""
     shown = ["pycyxwiz"] + (["torch"] if "torch" in fws else [])
-    label = {"ddp": "DDP", "sharded": "sharded", "bf16": "DDP bf16", "nocomm": "no-comm"}
+    label = {"ddp": "DDP", "unfused": "DDP unfused", "sharded": "sharded", "sharded-unfused": "sharded unfused",
+             "bf16": "DDP bf16", "nocomm": "no-comm"}
     shown_modes = [m for m in MODES if m in modes]
     ratios = [m for m in COMM_MODES if m in modes] if "nocomm" in modes else []
     rate_mode = next((m for m in COMM_MODES if m in modes), "nocomm")
@@ -434,7 +447,8 @@ def plot(path, s, models, worlds, fws):
         return False
     style = {("pycyxwiz", "ddp"): ("tab:red", "-", "o"), ("pycyxwiz", "sharded"): ("tab:red", ":", "^"),
              ("pycyxwiz", "nocomm"): ("tab:red", "--", "s"), ("pycyxwiz", "bf16"): ("tab:red", "-.", "v"),
-             ("torch", "bf16"): ("tab:blue", "-.", "v"),
+             ("torch", "bf16"): ("tab:blue", "-.", "v"), ("pycyxwiz", "unfused"): ("tab:orange", "-", "o"),
+             ("pycyxwiz", "sharded-unfused"): ("tab:orange", ":", "^"),
              ("torch", "ddp"): ("tab:blue", "-", "o"), ("torch", "sharded"): ("tab:blue", ":", "^"),
              ("torch", "nocomm"): ("tab:blue", "--", "s")}
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.5), squeeze=False)

@@ -20,6 +20,9 @@ Each rank generates its own synthetic data once (float32 randn(rows, 784), randi
   bf16     the ddp step with gradients exchanged in bfloat16: pycyxwiz DDPConfig.gradient_dtype = "bfloat16";
            torch DDP with bf16_compress_hook's body (default_hooks._compress_hook(torch.bfloat16): the public
            hook refuses anything but CUDA/XPU) as its comm hook
+  unfused, sharded-unfused
+           pycyxwiz only: ddp and sharded wrapped with CYXWIZ_DDP_FUSED_STEP=0 (each bucket all-reduced or
+           reduce-scattered, then stepped on: no fused optimizer step)
   nocomm   the same model without any gradient communication (the compute-only ceiling of N busy ranks):
            pycyxwiz: model.forward, model.backward(loss.backward(...)), opt.step(model), model.zero_grad()
            torch:    the loop above on the plain (unwrapped) model
@@ -50,7 +53,7 @@ from mlp import LR, MODELS, build_cx, torch_mlp  # the MLP every benchmark train
 READY, ROUND, RESULT, ERROR = "TRAIN_READY", "TRAIN_ROUND", "TRAIN_RESULT", "TRAIN_ERROR"
 BATCH = 64
 CLASSES = 10
-MODES = ("ddp", "sharded", "bf16", "nocomm")
+MODES = ("ddp", "unfused", "sharded", "sharded-unfused", "bf16", "nocomm")
 SHARD_ENV = "CYXWIZ_DDP_SHARD_OPTIMIZER"
 
 
@@ -101,8 +104,8 @@ class Cyxwiz:
 
     def build(self, sizes, mode, seed):
         m, lossfn, opt = build_cx(self.cx, sizes, seed)
-        if mode in ("ddp", "sharded", "bf16"):
-            shard = mode == "sharded"
+        if mode in ("ddp", "unfused", "sharded", "sharded-unfused", "bf16"):
+            shard = mode.startswith("sharded")
             cfg = self.dist.DDPConfig()
             if mode == "bf16":
                 if not hasattr(cfg, "gradient_dtype"):
@@ -113,7 +116,14 @@ class Cyxwiz:
                     raise Skip("this pycyxwiz has no DDPConfig.shard_optimizer")
             else:
                 cfg.shard_optimizer = shard  # explicitly, for ddp too
-            ddp = self.dist.DistributedDataParallel(m, cfg)
+            unfused = mode.endswith("unfused")
+            if unfused:
+                os.environ["CYXWIZ_DDP_FUSED_STEP"] = "0"  # read when the model is wrapped
+            try:
+                ddp = self.dist.DistributedDataParallel(m, cfg)
+            finally:
+                if unfused:
+                    os.environ.pop("CYXWIZ_DDP_FUSED_STEP", None)
             got = getattr(ddp, "shard_optimizer", False)
             if got != shard:
                 raise RuntimeError(f"mode {mode}: DistributedDataParallel.shard_optimizer is {got}, expected {shard}")
@@ -179,6 +189,8 @@ class Torch:
         F = torch.nn.functional
         torch.manual_seed(seed)
         model = torch_mlp(torch, sizes)
+        if mode.endswith("unfused"):
+            raise Skip("pycyxwiz's fused optimizer step has no torch counterpart")
         net = torch.nn.parallel.DistributedDataParallel(model) if mode in ("ddp", "sharded", "bf16") else model
         if mode == "bf16":
             try:

@@ -232,9 +232,9 @@ def assert_others_name_the_dead_rank(procs, ranks, world, victim, killed_at, rep
         assert_fails_again_fast(p, e)
 
 
-SHARDED_DDP_UNTIL_ERROR = r'''
+DDP_UNTIL_ERROR = r'''
 cfg = D.DDPConfig()
-cfg.shard_optimizer = True                     # reduce-scatter, update 1/N, all-gather the parameters
+cfg.shard_optimizer = os.environ["TEST_SHARD"] == "1"  # reduce-scatter, update 1/N, all-gather the parameters
 cx.manual_seed(0)
 model = cx.SequentialModel()
 model.add(cx.LinearModule(512, 1024))          # a 2 MB bucket: read where it lies in shared memory
@@ -266,15 +266,21 @@ except Exception as e:
 
 
 @pytest.mark.parametrize("victim", [1, 0])
-def test_sigkill_during_a_sharded_ddp_step_names_the_dead_rank(watch, ranks, victim):
-    procs = watch.start(SHARDED_DDP_UNTIL_ERROR, 2, env={"DISTRIBUTED_TIMEOUT_MS": "10000"})
+@pytest.mark.parametrize("sharded,fused", [(True, "0"), (True, "1"), (False, "1")],
+                         ids=["sharded", "sharded-fused", "fused"])
+def test_sigkill_during_a_ddp_step_at_sync_time_names_the_dead_rank(watch, ranks, victim, sharded, fused):
+    """Also while the optimizer reads the peers' buckets (the fused step, ddp.h)."""
+    env = {"DISTRIBUTED_TIMEOUT_MS": "10000", "TEST_SHARD": "1" if sharded else "0", "CYXWIZ_DDP_OVERLAP": "0",
+           "CYXWIZ_DDP_FUSED_STEP": fused}
+    procs = watch.start(DDP_UNTIL_ERROR, 2, env=env)
     watch.wait_line(procs, "READY", timeout=60)
     time.sleep(0.2)
     killed_at = time.monotonic()
     os.killpg(procs[victim].popen.pid, signal.SIGKILL)
     watch.finish(procs, timeout=30)
-    assert_others_name_the_dead_rank(procs, ranks, 2, victim, killed_at, watch.report(procs),
-                                     op=r"(?:reduce_scatter|all_gather) \(in place\)")
+    op = r"(?:reduce_scatter|all_gather) \(in place\)" if fused == "0" else \
+        r"(?:(?:reduce_scatter|all_reduce) \(read by the optimizer step\)|(?:reduce_scatter|all_gather) \(in place\)|all_reduce)"
+    assert_others_name_the_dead_rank(procs, ranks, 2, victim, killed_at, watch.report(procs), op=op)
 
 
 # --------------------------------------------------------------------------------- a rank stops

@@ -35,6 +35,10 @@ bool Backend::reducesRounded(const Tensor&) const { return false; }
 std::shared_ptr<Work> Backend::allReduceRounded(const Tensor&, DType, float, ReduceOp, bool, bool) {
   unsupported("all_reduce (16-bit, rounded in place)");
 }
+bool Backend::reducesForStep(const Tensor&) const { return false; }
+void Backend::reduceForStep(const Tensor&, ReduceOp, bool, const Collectives::StepConsumer&) {
+  unsupported("all_reduce (read by the optimizer step)");
+}
 std::shared_ptr<Work> Backend::gather(const Tensor&, const Tensor&, int, bool) { unsupported("gather"); }
 std::shared_ptr<Work> Backend::scatter(const Tensor&, const Tensor&, int, bool) { unsupported("scatter"); }
 std::shared_ptr<Work> Backend::allToAll(const Tensor&, const Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&,

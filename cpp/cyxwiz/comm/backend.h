@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cyxwiz/comm/collectives.h"
 #include "cyxwiz/comm/config.h"
 #include "cyxwiz/comm/types.h"
 #include "cyxwiz/comm/work.h"
@@ -60,6 +61,13 @@ class Backend {
   virtual bool reducesRounded(const Tensor& data) const;
   virtual std::shared_ptr<Work> allReduceRounded(const Tensor& data, DType wire, float scale, ReduceOp op, bool partial,
                                                  bool async);
+  // DDP's fused optimizer step (ddp.h): the reduction of every rank's float32 `data` (partial: this
+  // rank's part of it) handed to `consume` a cache-sized piece at a time as it is read from the peers'
+  // buffers, on the caller's thread; `data` itself is left as it was. The bits all_reduce (or
+  // reduceScatterInPlace) would leave, without writing them into the bucket and reading them back.
+  // Only where reducesForStep(data) (the CPU backend on one host, a large buffer every rank maps).
+  virtual bool reducesForStep(const Tensor& data) const;
+  virtual void reduceForStep(const Tensor& data, ReduceOp op, bool partial, const Collectives::StepConsumer& consume);
   virtual std::shared_ptr<Work> barrier(bool async);
   // out (on `dst` only; undefined elsewhere): worldSize x in.numel() elements, rank r's at block r.
   virtual std::shared_ptr<Work> gather(const Tensor& in, const Tensor& out, int dst, bool async);

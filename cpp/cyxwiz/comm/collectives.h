@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include "cyxwiz/comm/types.h"
 #include "cyxwiz/common/error.h"
@@ -29,6 +30,13 @@ class Collectives {
   // only) and widening the result back would leave in data. Only the shared-window algorithms
   // offer it, on a buffer every rank maps (CpuBackend::reducesRounded); the others throw.
   virtual void allReduceRounded(float* data, size_t count, DType wire, float scale, ReduceOp op, bool partial);
+  // DDP's optimizer step reading the reduction as it is made (ddp.h, "Fused step"): consume(first, last,
+  // reduced) gets elements [first, last) of the reduction of every rank's float32 `data` (the bits
+  // all_reduce would leave there; partial: this rank's part only), a cache-sized piece at a time, and
+  // `data` is left as it was. Returns once no rank reads this rank's buffer any more. Only the
+  // shared-window algorithms offer it, on a buffer every rank maps (CpuBackend::reducesForStep).
+  using StepConsumer = std::function<void(size_t first, size_t last, const float* reduced)>;
+  virtual void reduceForStep(const float* data, size_t count, ReduceOp op, bool partial, const StepConsumer& consume);
   virtual void barrier() = 0;
   // Only checks that every rank made this same call (collectives whose data travels elsewhere).
   virtual void checkCalls() = 0;
@@ -38,6 +46,11 @@ class Collectives {
 inline void Collectives::allReduceRounded(float*, size_t, DType, float, ReduceOp, bool) {
   throw BackendError(call().describe() + ": the rounded 16-bit exchange needs the shared-window algorithms on "
                      "a buffer every rank maps (an engine bug: CpuBackend::reducesRounded said yes)");
+}
+
+inline void Collectives::reduceForStep(const float*, size_t, ReduceOp, bool, const StepConsumer&) {
+  throw BackendError(call().describe() + ": a reduction read by the optimizer step needs the shared-window "
+                     "algorithms on a buffer every rank maps (an engine bug: CpuBackend::reducesForStep said yes)");
 }
 
 // First element of part i when `count` elements are split in `parts` (numpy.array_split).

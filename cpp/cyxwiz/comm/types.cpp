@@ -32,6 +32,8 @@ const char* collectiveName(Collective c) {
     case Collective::AllGatherInPlace: return "all_gather (in place)";
     case Collective::AllReduceRounded: return "all_reduce (16-bit, rounded in place)";
     case Collective::ReduceScatterRounded: return "reduce_scatter (16-bit, rounded in place)";
+    case Collective::AllReduceForStep: return "all_reduce (read by the optimizer step)";
+    case Collective::ReduceScatterForStep: return "reduce_scatter (read by the optimizer step)";
   }
   return "unknown collective";
 }
@@ -45,7 +47,8 @@ std::string CallSignature::describe() const {
   s += makeString(" (", dtypeName(dtype), ", ", count, count == 1 ? " element" : " elements");
   if (collective == Collective::AllReduce || collective == Collective::ReduceScatter ||
       collective == Collective::ReduceScatterInPlace || collective == Collective::AllReduceRounded ||
-      collective == Collective::ReduceScatterRounded) s += makeString(", ", reduceOpName(op));
+      collective == Collective::ReduceScatterRounded || collective == Collective::AllReduceForStep ||
+      collective == Collective::ReduceScatterForStep) s += makeString(", ", reduceOpName(op));
   if (collective == Collective::Broadcast || collective == Collective::Scatter) s += makeString(", src ", root);
   if (collective == Collective::Gather) s += makeString(", dst ", root);
   if (collective == Collective::Send || collective == Collective::Recv) s += makeString(", tag ", tag);

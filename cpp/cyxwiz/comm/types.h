@@ -22,7 +22,10 @@ enum class Collective : uint8_t {
   ReduceScatterInPlace = 12, AllGatherInPlace = 13,
   // The 16-bit gradient exchange of a float32 shared buffer, rounded on the fly (Collectives::
   // allReduceRounded); the signature's dtype is the 16-bit type.
-  AllReduceRounded = 14, ReduceScatterRounded = 15
+  AllReduceRounded = 14, ReduceScatterRounded = 15,
+  // A reduction of a float32 shared buffer handed piece by piece to DDP's optimizer step (Collectives::
+  // reduceForStep): every rank's whole reduction, or this rank's part.
+  AllReduceForStep = 16, ReduceScatterForStep = 17
 };
 
 // The peer of a recv that takes a message from whichever rank sends first.

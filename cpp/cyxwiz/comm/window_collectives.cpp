@@ -79,19 +79,41 @@ std::vector<const uint8_t*> WindowCollectives::sharedBuffers() const {
 
 void WindowCollectives::reduceShared(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last,
                                      DType dtype, ReduceOp op) {
-  // In rank order, a cache-sized piece at a time through a buffer placed half a page away from d
+  const size_t esz = itemSize(dtype);
+  reduceSharedInto(of, d, first / esz, last / esz, dtype, op, [&](size_t from, size_t to, const float* piece) {
+    std::memcpy(d + from * esz, piece, (to - from) * esz);
+  });
+}
+
+void WindowCollectives::reduceSharedInto(const std::vector<const uint8_t*>& of, const void* near, size_t first,
+                                         size_t last, DType dtype, ReduceOp op, const StepConsumer& consume) {
+  // In rank order, a cache-sized piece at a time through a buffer placed half a page away from `near`
   // (see Group::place).
   constexpr size_t kPiece = 64 * 1024;
-  const size_t esz = itemSize(dtype);
+  const size_t esz = itemSize(dtype), step = kPiece / esz;
   thread_local std::vector<uint8_t> space(kPiece + 8192);
-  uint8_t* tmp = space.data() + (reinterpret_cast<uintptr_t>(d) + 2048 - reinterpret_cast<uintptr_t>(space.data())) % 4096;
-  for (size_t at = first; at < last; at += kPiece) {
-    const size_t len = std::min(kPiece, last - at), k = len / esz;
-    std::memcpy(tmp, of[0] + at, len);
-    for (size_t r = 1; r < of.size(); ++r) reduceInto(tmp, of[r] + at, k, dtype, op);
+  uint8_t* tmp =
+      space.data() + (reinterpret_cast<uintptr_t>(near) + 2048 - reinterpret_cast<uintptr_t>(space.data())) % 4096;
+  for (size_t at = first; at < last; at += step) {
+    const size_t k = std::min(step, last - at);
+    std::memcpy(tmp, of[0] + at * esz, k * esz);
+    for (size_t r = 1; r < of.size(); ++r) reduceInto(tmp, of[r] + at * esz, k, dtype, op);
     if (op == ReduceOp::Avg) finishAverage(tmp, k, dtype, static_cast<int>(of.size()));
-    std::memcpy(d + at, tmp, len);
+    consume(at, at + k, reinterpret_cast<const float*>(tmp));
   }
+}
+
+void WindowCollectives::reduceForStep(const float* data, size_t count, ReduceOp op, bool partial,
+                                      const StepConsumer& consume) {
+  if (call_.buffer == 0 || count * sizeof(float) <= w_.halfBytes()) {
+    return Collectives::reduceForStep(data, count, op, partial, consume);
+  }
+  const int n = w_.size(), me = w_.me();
+  const std::vector<const uint8_t*> of = sharedBuffers();
+  const size_t first = partial ? partBegin(count, n, me) : 0, last = partial ? partBegin(count, n, me + 1) : count;
+  w_.arrive();  // every member's buffer holds its input
+  reduceSharedInto(of, data, first, last, DType::Float32, op, consume);
+  w_.arrive();  // no member changes its buffer while a peer still reads it
 }
 
 void WindowCollectives::reduceSharedRounded(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first,

@@ -44,6 +44,9 @@ class WindowCollectives : public Collectives {
   // each part reduced from the peers' float32 buffers, rounding as it reads (reduce.h): no 16-bit copy,
   // no conversion passes before or after.
   void allReduceRounded(float* data, size_t count, DType wire, float scale, ReduceOp op, bool partial) override;
+  // On a shared float32 buffer larger than a half: one round in which each piece is reduced from every
+  // member's buffer in rank order (reduceShared's bits) into a cache-sized buffer and handed on.
+  void reduceForStep(const float* data, size_t count, ReduceOp op, bool partial, const StepConsumer& consume) override;
   void barrier() override { w_.arrive(); }
   void checkCalls() override { w_.arrive(); }
   const CallSignature& call() const override { return call_; }
@@ -62,6 +65,9 @@ class WindowCollectives : public Collectives {
   // Bytes [first, last) of the shared buffers `of` reduced in rank order into d.
   static void reduceShared(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last, DType dtype,
                            ReduceOp op);
+  // The same, each piece handed to `consume` instead of copied to d (elements, not bytes).
+  static void reduceSharedInto(const std::vector<const uint8_t*>& of, const void* near, size_t first, size_t last,
+                               DType dtype, ReduceOp op, const StepConsumer& consume);
   // The same over float32 buffers, as the 16-bit exchange rounds (reduce.h's roundScaled, sumRounded).
   static void reduceSharedRounded(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last,
                                   DType wire, float scale, ReduceOp op);

@@ -80,6 +80,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
             "DDPConfig.gradient_dtype=", dtypeName(wire), ": gradients travel in 'float32' (default), 'bfloat16' or "
             "'float16'");
   overlap_ = overlapPolicy(backend_->config(), gpu.has_value());
+  // Only where nothing overlaps: with overlap the buckets are reduced during backward.
+  fusedStep_ = envFlag("CYXWIZ_DDP_FUSED_STEP", !overlap_) && !gpu && worldSize() > 1;
   if (worldSize() > 1) {
     checkSameArchitecture();
     if (config.broadcastParameters) {
@@ -116,12 +118,17 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialM
   model_->setGradientGuard([this](nn::SequentialModel::GradientUse use) { guardGradients(use); });
   if (worldSize() > 1) {
     size_t rounded = 0;
-    for (const Bucket& b : buckets_->buckets()) rounded += b.wireDtype != DType::Float32 && !b.wire.defined();
+    size_t fused = 0;
+    for (const Bucket& b : buckets_->buckets()) {
+      rounded += b.wireDtype != DType::Float32 && !b.wire.defined();
+      fused += fusible(b);
+    }
     logInfo(makeString("DistributedDataParallel: ", buckets_->buckets().size(), " gradient buckets; ",
                        shard_.empty() ? "all-reduce " : "sharded optimizer step, reduce-scatter ",
                        wire == DType::Float32 ? "" : makeString("in ", dtypeName(wire), " "),
                        rounded ? makeString("(", rounded, " rounded as the peers' float32 buckets are read) ") : "",
                        overlap_ ? "overlapped with backward" : "at sync time (fewer than 2 cores per local rank)",
+                       fused ? makeString(", the optimizer step reading ", fused, " of them as they are reduced") : "",
                        model_->device().type == DeviceType::CUDA ? makeString(", on ", model_->device().str()) : ""));
   }
 }
@@ -331,10 +338,37 @@ void DistributedDataParallel::completeGradients() {
   }
 }
 
-void DistributedDataParallel::launchStale() {
+void DistributedDataParallel::launchStale(nn::Optimizer* fusedWith) {
   for (Bucket& b : buckets_->buckets()) {
-    if (b.stale) launch(b);
+    if (b.stale && !(fusedWith && fusible(b))) launch(b);
   }
+}
+
+bool DistributedDataParallel::fusible(const Bucket& bucket) const {
+  // Reading N buckets whole costs more than an all-reduce's passes beyond two ranks for the plain step
+  // (see ddp.h); a sharded step reads only its part, so it gains at any size.
+  return fusedStep_ && bucket.wireDtype == DType::Float32 && (!shard_.empty() || worldSize() <= 2) &&
+         backend_->reducesForStep(bucket.storage);
+}
+
+void DistributedDataParallel::stepFromPeers(Bucket& bucket, nn::Optimizer& optimizer,
+                                            const std::vector<nn::Parameter*>& params) {
+  // Where each parameter starts in the bucket; a piece [first, last) of the reduction updates the
+  // parameters it overlaps.
+  std::vector<int64_t> starts{0};
+  for (size_t i : bucket.params) starts.push_back(starts.back() + params[i]->value.numel());
+  size_t k = 0;  // the first parameter the next piece may overlap: pieces come in order
+  backend_->reduceForStep(bucket.storage, comm::ReduceOp::Avg, !shard_.empty(),
+                          [&](size_t first, size_t last, const float* reduced) {
+                            const auto lo = static_cast<int64_t>(first), hi = static_cast<int64_t>(last);
+                            while (k + 1 < starts.size() && starts[k + 1] <= lo) ++k;
+                            for (size_t j = k; j < bucket.params.size() && starts[j] < hi; ++j) {
+                              const int64_t from = std::max(lo, starts[j]), to = std::min(hi, starts[j + 1]);
+                              optimizer.updateRange(bucket.params[j], params, from - starts[j], to - starts[j],
+                                                    reduced + (from - lo));
+                            }
+                          });
+  bucket.stale = false;
 }
 
 void DistributedDataParallel::waitAll() {
@@ -360,14 +394,15 @@ void DistributedDataParallel::guardGradients(nn::SequentialModel::GradientUse us
 
 void DistributedDataParallel::syncGradients() {
   checkModelUnchanged("sync_gradients");
-  launchStale();
+  launchStale(nullptr);
   completeGradients();  // waits for them all first
 }
 
 void DistributedDataParallel::updateParameters(nn::Optimizer& optimizer) {
   checkModelUnchanged("update_parameters");
   std::vector<nn::Parameter*> params = model_->parameters();
-  launchStale();
+  const bool fuse = !config_.checkGradients;  // check_gradients compares the averaged gradients first
+  launchStale(fuse ? &optimizer : nullptr);
   if (config_.checkGradients && worldSize() > 1) {
     completeGradients();
     compareAcrossRanks();
@@ -375,8 +410,12 @@ void DistributedDataParallel::updateParameters(nn::Optimizer& optimizer) {
   if (!shard_.empty()) optimizer.setShard(shard_);
   optimizer.beginStep(params);
   for (Bucket& b : buckets_->buckets()) {
-    finish(b);
-    optimizer.updateParameters(b.params, params);  // one fused launch per bucket on a GPU
+    if (fuse && b.stale && fusible(b)) {
+      stepFromPeers(b, optimizer, params);
+    } else {
+      finish(b);
+      optimizer.updateParameters(b.params, params);  // one fused launch per bucket on a GPU
+    }
     b.storage.fill(0.0);  // sharded: the reduce-scatter's end means no peer reads it any more
     if (!shard_.empty()) {
       b.partial = false;

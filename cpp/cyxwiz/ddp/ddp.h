@@ -28,6 +28,15 @@
 // the cores on this machine) it only takes time from the other ranks' computation, so the buckets
 // are reduced on the caller's thread at sync time instead. CYXWIZ_DDP_OVERLAP=1/0 forces either.
 //
+// Fused step (CPU backend, one host, where nothing overlaps: CYXWIZ_DDP_FUSED_STEP=1/0 forces it on or
+// off): updateParameters does not all-reduce a bucket and then step on it; the optimizer reads each
+// piece of the average as it is reduced from every rank's shared bucket, in rank order (the bits the
+// all-reduce would leave), and the average is never written. The plain step saves the all-reduce's
+// write of the average and its all-gather (two ranks only: each rank then reads every bucket whole,
+// which beyond two costs more than it saves); the sharded step saves the write and re-read of its part
+// at any size. Gradients read through sync_gradients(), check_gradients, a GradScaler or a 16-bit
+// exchange take the all-reduce as before.
+//
 // Construction is collective: the ranks compare architecture fingerprints (a different model on one
 // rank is an error on every rank) and, with broadcastParameters, take rank 0's parameters.
 #pragma once
@@ -112,7 +121,15 @@ class DistributedDataParallel {
   void launch(Bucket& bucket);  // async when overlapping, else on the caller's thread
   // Waits for the bucket's collective; a 16-bit one is widened back into the float32 gradients.
   void finish(Bucket& bucket);
-  void launchStale();
+  // Launches every bucket with gradients no all-reduce has covered yet, except those the fused step
+  // will reduce (fusedWith: the optimizer updateParameters is about to run).
+  void launchStale(nn::Optimizer* fusedWith);
+  // Whether updateParameters reads this bucket's reduction straight into the optimizer (the fused step)
+  // when it holds gradients no all-reduce has covered.
+  bool fusible(const Bucket& bucket) const;
+  // The fused step of one bucket: the optimizer updates its parameters from the peers' buckets as they
+  // are reduced (Backend::reduceForStep); the bucket itself is not averaged.
+  void stepFromPeers(Bucket& bucket, nn::Optimizer& optimizer, const std::vector<nn::Parameter*>& params);
   void waitAll();
   // Sharded step: rebinds every parameter's value to a view into its bucket's `values`.
   void shardParameters();
@@ -132,6 +149,7 @@ class DistributedDataParallel {
   std::string fingerprint_;
   size_t moduleCount_ = 0;
   bool overlap_ = true;
+  bool fusedStep_ = false;  // see "Fused step" above
   bool requireSync_ = true;
   bool inBackward_ = false;  // hooks launch all-reduces only during our own backward
   std::set<std::string> warned_;

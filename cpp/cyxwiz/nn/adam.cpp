@@ -63,11 +63,11 @@ void AdamOptimizer::updateOnDevice(const Device& device, const std::vector<cuda:
                     static_cast<float>(beta2_), static_cast<float>(eps_), k[1], l2, k[2], graphScalars()));
 }
 
-void AdamOptimizer::update(const Span& span, std::vector<Tensor>& slots) {
+void AdamOptimizer::update(const Span& span) {
   const std::vector<float> k = stepScalars();
   const float stepSize = k[0], invSqrtBc2 = k[1], decay = k[2];
   const float l2 = decoupled_ ? 0.0f : static_cast<float>(weightDecay_);
-  adamKernel(span.value, span.grad, slots[0].data<float>(), slots[1].data<float>(), span.n, stepSize, static_cast<float>(beta1_), static_cast<float>(beta2_),
+  adamKernel(span.value, span.grad, span.slots[0], span.slots[1], span.n, stepSize, static_cast<float>(beta1_), static_cast<float>(beta2_),
              static_cast<float>(eps_), invSqrtBc2, l2, decay);
 }
 

@@ -19,7 +19,7 @@ class AdamOptimizer : public Optimizer {
  protected:
   AdamOptimizer(double lr, double beta1, double beta2, double eps, double weightDecay, bool decoupled);
   std::vector<std::string> slotNames() const override { return {"exp_avg", "exp_avg_sq"}; }
-  void update(const Span& span, std::vector<Tensor>& slots) override;
+  void update(const Span& span) override;
   void updateOnDevice(const Device& device, const std::vector<cuda::OptimizerTensor>& tensors) override;
   std::vector<float> stepScalars() const override;
   void hyperParameters(std::map<std::string, double>& out) const override;

@@ -110,7 +110,7 @@ void Optimizer::updateParameters(const std::vector<size_t>& indices, const std::
     const int64_t n = shard_.empty() ? p.value.numel() : shard_.at(i).second - first;
     if (n == 0) continue;
     if (!p.value.isCuda()) {
-      update({p.value.data<float>() + first, p.grad.data<float>() + first, n}, slots);
+      update(spanOf(i, p, first, first + n, p.grad.data<float>() + first));
       continue;
     }
     CYX_CHECK(gpu.empty() || p.value.device() == device, typeName(), ".step: the parameters are on ", device.str(),
@@ -121,6 +121,26 @@ void Optimizer::updateParameters(const std::vector<size_t>& indices, const std::
                    slots.size() > 1 ? slots[1].deviceData<float>() : nullptr, n});
   }
   if (!gpu.empty()) updateOnDevice(device, gpu);
+}
+
+Optimizer::Span Optimizer::spanOf(size_t i, Parameter& p, int64_t first, int64_t last, const float* grad) {
+  const int64_t begin = shard_.empty() ? 0 : shard_.at(i).first;  // where the slots' elements start
+  Span span{p.value.data<float>() + first, grad, last - first, {nullptr, nullptr}};
+  const std::vector<Tensor>* slots = slots_.empty() ? nullptr : &slots_.at(i);
+  CYX_CHECK(!slots || slots->size() <= 2, typeName(), ": more than two state buffers per parameter (an engine bug)");
+  for (size_t s = 0; slots && s < slots->size(); ++s) span.slots[s] = (*slots)[s].data<float>() + (first - begin);
+  return span;
+}
+
+void Optimizer::updateRange(size_t i, const std::vector<Parameter*>& params, int64_t first, int64_t last,
+                            const float* grad) {
+  Parameter& p = *params.at(i);
+  const int64_t begin = shard_.empty() ? 0 : shard_.at(i).first;
+  const int64_t end = shard_.empty() ? p.value.numel() : shard_.at(i).second;
+  CYX_CHECK(!p.value.isCuda() && begin <= first && first <= last && last <= end, typeName(),
+            ": elements [", first, ", ", last, ") of parameter ", i, " are not this rank's CPU elements [", begin, ", ",
+            end, ") (an engine bug)");
+  if (last > first) update(spanOf(i, p, first, last, grad));
 }
 
 void Optimizer::zeroGrad(SequentialModel& model) { model.zeroGrad(); }

@@ -35,6 +35,11 @@ class Optimizer {
   // name each parameter once. A group on a GPU is one fused kernel launch.
   void beginStep(const std::vector<Parameter*>& params);
   void updateParameters(const std::vector<size_t>& indices, const std::vector<Parameter*>& params);
+  // Elements [first, last) of parameter i (CPU) from `grad`, their last - first gradients: DDP's fused
+  // step hands over each piece of the averaged gradients as it is reduced (ddp.h). Within this rank's
+  // shard when sharded; every element of each parameter once per step, after beginStep. The same bits as
+  // updateParameters: the updates are element by element.
+  void updateRange(size_t i, const std::vector<Parameter*>& params, int64_t first, int64_t last, const float* grad);
   void zeroGrad(SequentialModel& model);
   double learningRate() const { return lr_; }
   void setLearningRate(double lr);
@@ -68,15 +73,17 @@ class Optimizer {
  protected:
   // Names of the per-parameter buffers this optimizer keeps (zero-initialised, parameter-shaped).
   virtual std::vector<std::string> slotNames() const = 0;
-  // Elements of one parameter and its gradient (all of them, or this rank's shard).
+  // Elements of one parameter and its gradient (all of them, this rank's shard, or a piece of either),
+  // and the same elements of the buffers named by slotNames() (null past them).
   struct Span {
     float* value;
     const float* grad;
     int64_t n;
+    float* slots[2];
   };
-  // Updates one span; `slots` holds the buffers named by slotNames(), as long as the span. steps_ is
-  // already incremented.
-  virtual void update(const Span& span, std::vector<Tensor>& slots) = 0;
+  // Updates one span, element by element (so any piece of a parameter updates as the whole would).
+  // steps_ is already incremented.
+  virtual void update(const Span& span) = 0;
   // The same for parameters on one GPU, all in one call; slots[k] belongs to params[k].
   virtual void updateOnDevice(const Device& device, const std::vector<cuda::OptimizerTensor>& tensors) = 0;
   virtual void hyperParameters(std::map<std::string, double>& out) const = 0;
@@ -92,6 +99,8 @@ class Optimizer {
 
  private:
   void ensureState(const std::vector<Parameter*>& params);
+  // Parameter i's span of elements [first, last) (absolute: within its shard when sharded).
+  Span spanOf(size_t i, Parameter& p, int64_t first, int64_t last, const float* grad);
   OptimizerState scalars() const;
   std::vector<std::vector<Tensor>> slots_;  // [parameter][slot]
   std::vector<std::pair<int64_t, int64_t>> shard_;  // [parameter]: elements this rank updates

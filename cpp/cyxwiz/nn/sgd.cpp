@@ -33,17 +33,17 @@ void SGDOptimizer::updateOnDevice(const Device& device, const std::vector<cuda::
                    static_cast<float>(momentum_), static_cast<float>(weightDecay_), nesterov_, graphScalars()));
 }
 
-void SGDOptimizer::update(const Span& span, std::vector<Tensor>& slots) {
+void SGDOptimizer::update(const Span& span) {
   float* p = span.value;
   const float* grad = span.grad;
   const int64_t n = span.n;
   const float lr = static_cast<float>(lr_), wd = static_cast<float>(weightDecay_), mu = static_cast<float>(momentum_);
-  if (slots.empty()) {
+  if (span.slots[0] == nullptr) {
     for (int64_t i = 0; i < n; ++i) p[i] -= lr * (grad[i] + wd * p[i]);
     return;
   }
   // A zero buffer makes the first step buf = g, as torch's "first step" rule.
-  float* buf = slots[0].data<float>();
+  float* buf = span.slots[0];
   for (int64_t i = 0; i < n; ++i) {
     float g = grad[i] + wd * p[i];
     buf[i] = mu * buf[i] + g;

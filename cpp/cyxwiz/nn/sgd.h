@@ -14,7 +14,7 @@ class SGDOptimizer : public Optimizer {
 
  protected:
   std::vector<std::string> slotNames() const override;
-  void update(const Span& span, std::vector<Tensor>& slots) override;
+  void update(const Span& span) override;
   void updateOnDevice(const Device& device, const std::vector<cuda::OptimizerTensor>& tensors) override;
   std::vector<float> stepScalars() const override { return {static_cast<float>(lr_)}; }
   void hyperParameters(std::map<std::string, double>& out) const override;

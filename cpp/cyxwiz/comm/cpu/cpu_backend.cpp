@@ -482,6 +482,20 @@ std::shared_ptr<Work> CpuBackend::allReduceRounded(const Tensor& data, DType wir
   });
 }
 
+bool CpuBackend::reducesForStep(const Tensor& data) const {
+  return reducesRounded(data);  // WindowCollectives::reduceForStep's conditions are the same
+}
+
+void CpuBackend::reduceForStep(const Tensor& data, ReduceOp op, bool partial, const Collectives::StepConsumer& consume) {
+  CYX_CHECK(reducesForStep(data) && (op == ReduceOp::Sum || op == ReduceOp::Avg), rankPrefix(),
+            "all_reduce (read by the optimizer step): not offered for this buffer (an engine bug)");
+  // On this thread: the consumer is the caller's optimizer step.
+  submit(onBuffer(partial ? Collective::ReduceScatterForStep : Collective::AllReduceForStep, data, op), false,
+         [&data, op, partial, &consume](Collectives& local) {
+           local.reduceForStep(data.data<float>(), static_cast<size_t>(data.numel()), op, partial, consume);
+         })->wait();
+}
+
 std::shared_ptr<Work> CpuBackend::barrier(bool async) {
   return submit(callSignature(Collective::Barrier, Tensor()), async, [](Collectives& ring) { ring.barrier(); });
 }
