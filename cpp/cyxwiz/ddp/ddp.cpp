@@ -338,9 +338,9 @@ void DistributedDataParallel::completeGradients() {
   }
 }
 
-void DistributedDataParallel::launchStale(nn::Optimizer* fusedWith) {
+void DistributedDataParallel::launchStale(bool exceptFusible) {
   for (Bucket& b : buckets_->buckets()) {
-    if (b.stale && !(fusedWith && fusible(b))) launch(b);
+    if (b.stale && !(exceptFusible && fusible(b))) launch(b);
   }
 }
 
@@ -394,7 +394,7 @@ void DistributedDataParallel::guardGradients(nn::SequentialModel::GradientUse us
 
 void DistributedDataParallel::syncGradients() {
   checkModelUnchanged("sync_gradients");
-  launchStale(nullptr);
+  launchStale(false);
   completeGradients();  // waits for them all first
 }
 
@@ -402,7 +402,7 @@ void DistributedDataParallel::updateParameters(nn::Optimizer& optimizer) {
   checkModelUnchanged("update_parameters");
   std::vector<nn::Parameter*> params = model_->parameters();
   const bool fuse = !config_.checkGradients;  // check_gradients compares the averaged gradients first
-  launchStale(fuse ? &optimizer : nullptr);
+  launchStale(fuse);
   if (config_.checkGradients && worldSize() > 1) {
     completeGradients();
     compareAcrossRanks();

@@ -121,9 +121,9 @@ class DistributedDataParallel {
   void launch(Bucket& bucket);  // async when overlapping, else on the caller's thread
   // Waits for the bucket's collective; a 16-bit one is widened back into the float32 gradients.
   void finish(Bucket& bucket);
-  // Launches every bucket with gradients no all-reduce has covered yet, except those the fused step
-  // will reduce (fusedWith: the optimizer updateParameters is about to run).
-  void launchStale(nn::Optimizer* fusedWith);
+  // Launches every bucket with gradients no all-reduce has covered yet, except (exceptFusible, from
+  // updateParameters) those the fused step will reduce.
+  void launchStale(bool exceptFusible);
   // Whether updateParameters reads this bucket's reduction straight into the optimizer (the fused step)
   // when it holds gradients no all-reduce has covered.
   bool fusible(const Bucket& bucket) const;

@@ -11,7 +11,7 @@ namespace cyxwiz::ddp {
 
 bool DistributedDataParallel::unscaleGradients(float factor) {
   checkModelUnchanged("unscale_gradients");
-  launchStale(nullptr);
+  launchStale(false);
   waitAll();  // every bucket averaged (a reduce-scattered one in this rank's part)
   const Device device = model_->device();
   bool finite = true;
