@@ -6,6 +6,10 @@ oracle's tensor (1e-5, the issue's target). The finite-difference checks do not 
 use tests/test_gradients.py's helpers and tolerances (its docstring explains them).
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -31,6 +35,32 @@ AVX512_CORE = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpu_flags()
 
 def onednn_available():
     return cx.build_info()["conv"].startswith("oneDNN")
+
+
+def onednn_bf16_conv():
+    """What build_info reports: oneDNN runs bfloat16 convolutions on this CPU."""
+    return ", bfloat16 convolution)" in cx.build_info()["conv"]
+
+
+def test_build_info_says_whether_onednn_has_bfloat16_convolutions_on_this_cpu():
+    """The report follows the CPU (oneDNN has bfloat16 convolutions from avx512_core up), and says what
+    autocast does without them: ONEDNN_MAX_CPU_ISA=AVX2 makes any x86 CPU one without them, and then a
+    convolution under bfloat16 autocast keeps float32 operands."""
+    if not onednn_available():
+        pytest.skip("oneDNN is not installed (pip install onednn-cpu-gomp): " + cx.build_info()["conv"])
+    assert onednn_bf16_conv() == AVX512_CORE, cx.build_info()["conv"]
+    script = ("import numpy as np, pycyxwiz as cx\n"
+              "conv = cx.Conv2DModule(4, 6, 3, padding=1)\n"
+              "with cx.autocast('bfloat16'):\n"
+              "    conv.forward(np.ones((2, 4, 8, 8), np.float32))\n"
+              "print(conv._saved_tensors()[0]['dtype'])\n"
+              "print(cx.build_info()['conv'])\n")
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    kept, conv = out.stdout.splitlines()[:2]
+    assert "no bfloat16 convolution for this CPU's ISA" in conv and "rounds a convolution's operands" in conv, conv
+    assert kept == "float32", kept
 
 
 @pytest.fixture(params=["onednn", "im2col"])
@@ -337,10 +367,10 @@ def test_conv2d_under_autocast_multiplies_16_bit_operands(dtype, conv_kernel):
     conv.zero_grad()
     dx = conv.backward(r)  # outside autocast: backward follows its forward
     # oneDNN's bfloat16 kernels keep the 16-bit input (half the bytes); the other paths the rounded float32.
-    # oneDNN has bfloat16 convolutions from AVX-512 (avx512_core) up: on an AVX2-only CPU it declines and
-    # the layer rounds its operands for the float32 kernel.
+    # Where build_info says this CPU has no oneDNN bfloat16 convolution (AVX2 only), the layer rounds its
+    # operands for the float32 kernel.
     kept = conv._saved_tensors()[0]["dtype"]
-    onednn_bf16 = dtype == "bfloat16" and conv_kernel == "onednn" and AVX512_CORE
+    onednn_bf16 = dtype == "bfloat16" and conv_kernel == "onednn" and onednn_bf16_conv()
     assert kept == ("bfloat16" if onednn_bf16 else "float32"), kept
     xt, wt = rnd(x).requires_grad_(), rnd(w).requires_grad_()
     bt = torch.tensor(b, dtype=torch.float64, requires_grad=True)

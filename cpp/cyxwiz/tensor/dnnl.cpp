@@ -28,6 +28,7 @@ struct State {
   Functions f{};
   Handle engine = nullptr;
   std::string info = kNotLoaded;
+  int bf16Conv = -1;  // probed at the first ask: 1 when this CPU has bfloat16 convolutions, 0 when not
 };
 
 State& state() {
@@ -92,7 +93,7 @@ void open(State& s) {
     return;
   }
   const int* v = static_cast<const int*>(f.version());
-  s.info = makeString("oneDNN ", v[0], ".", v[1], ".", v[2], " (convolution, bfloat16 matmul) from ", s.path);
+  s.info = makeString("oneDNN ", v[0], ".", v[1], ".", v[2]);  // info() says what it runs
   s.loaded = true;
 }
 
@@ -303,11 +304,33 @@ void setEnabled(bool enabled) {
   s.enabled = enabled;
 }
 
+namespace {
+
+// oneDNN has bfloat16 convolutions from avx512_core up (natively with AVX512-BF16 or AMX); on other CPUs
+// (or below ONEDNN_MAX_CPU_ISA) it declines them and autocast's convolutions round their operands for
+// the float32 kernel. A 3x3 shape answers for the CPU. Under s.mutex, with the library loaded.
+bool probeBf16Conv(State& s) {
+  if (s.bf16Conv < 0) {
+    Entry e;
+    e.shape = ConvShape{1, 16, 8, 8, 16, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, true};
+    build(e);
+    s.bf16Conv = e.ok ? 1 : 0;
+  }
+  return s.bf16Conv == 1;
+}
+
+}  // namespace
+
 std::string info() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (!s.tried) open(s);
-  return s.enabled || !s.loaded ? s.info : s.info + "; disabled";
+  if (!s.loaded) return s.info;
+  const char* bf16 = probeBf16Conv(s) ? ", bfloat16 convolution"
+                                      : "; no bfloat16 convolution for this CPU's ISA (oneDNN has them from "
+                                        "avx512_core up): autocast rounds a convolution's operands for the float32 "
+                                        "kernel";
+  return makeString(s.info, " (convolution, bfloat16 matmul", bf16, ") from ", s.path, s.enabled ? "" : "; disabled");
 }
 
 bool loaded() {

@@ -17,7 +17,8 @@ void setLibrary(const std::string& path);
 bool available();
 // Tests and benchmarks: route convolutions to oneDNN (true, when available) or to im2col.
 void setEnabled(bool enabled);
-// "oneDNN 3.2.0 (convolution)", or why not.
+// "oneDNN 3.2.0 (convolution, bfloat16 matmul, bfloat16 convolution) from PATH", or why not; without
+// bfloat16 convolutions on this CPU (probed once) it says so instead of the last item.
 std::string info();
 
 // A 2-D convolution as torch.nn.Conv2d computes it, float32, NCHW input, (O, C/groups, kh, kw) weight.
