@@ -8,7 +8,8 @@ Every torch process group (the default one and each ``new_group``) gets a commun
 through the store torch hands the backend: rank 0 serves the group's rendezvous on a free port and
 publishes it there with a fresh per-group secret, so no port beyond torch's own is configured.
 Collectives return at once; the ring thread runs them in call order, so DDP's bucket all-reduces
-overlap backward. gather, scatter, all_to_all and send/recv travel over point-to-point links. Contiguous float32/float64/int32/int64 tensors are reduced in place without a copy;
+overlap backward (without 2 cores per rank on the host, async all_reduces run on the caller instead:
+_overlaps). gather, scatter, all_to_all and send/recv travel over point-to-point links. Contiguous float32/float64/int32/int64 tensors are reduced in place without a copy;
 other dtypes and non-contiguous tensors go through a contiguous copy (16-bit floats reduced in
 float32). CUDA tensors are refused: use "nccl". See docs/pytorch.md.
 """
@@ -271,32 +272,49 @@ def _torch_error(e: BaseException) -> BaseException:
 
 
 def _rendezvous(store, rank: int, size: int, timeout: timedelta):
-    """A communicator for this group, through torch's (per-group prefixed) store."""
+    """A communicator for this group, through torch's (per-group prefixed) store, and how many of the
+    group's ranks are on this host."""
     config = D.DistributedConfig()
     config.rank, config.world_size = rank, size
     config.local_rank = int(os.environ.get("LOCAL_RANK", rank)) if size > 1 else 0
     config.timeout_ms = max(1, int(timeout.total_seconds() * 1000))
     if size == 1:
-        return D._Group(config)
+        return D._Group(config), 1
     host = socket.gethostname()
     store.set(f"cyxwiz/host/{rank}", host)
     if rank != 0:
         info = json.loads(store.get("cyxwiz/rendezvous").decode())
         config.master_addr, config.master_port, config.secret = info["addr"], info["port"], info["secret"]
         config.job_id = info["job"]
-        return _call(lambda: D._Group(config))
-    hosts = {store.get(f"cyxwiz/host/{r}").decode() for r in range(size)}
+        return _call(lambda: D._Group(config)), info["hosts"].count(host)
+    hosts = [store.get(f"cyxwiz/host/{r}").decode() for r in range(size)]
     # One machine: loopback only. Several: the address the others reach rank 0 on.
-    config.master_addr = "127.0.0.1" if hosts == {host} else (os.environ.get("MASTER_ADDR") or
-                                                              socket.gethostbyname(host))
+    config.master_addr = "127.0.0.1" if set(hosts) == {host} else (os.environ.get("MASTER_ADDR") or
+                                                                   socket.gethostbyname(host))
     config.master_port = 0
     config.secret = secrets.token_hex(32)
     config.job_id = secrets.token_hex(8)
 
     def served_on(port: int) -> None:
-        store.set("cyxwiz/rendezvous", json.dumps({"addr": config.master_addr, "port": port,
+        store.set("cyxwiz/rendezvous", json.dumps({"addr": config.master_addr, "port": port, "hosts": hosts,
                                                    "secret": config.secret, "job": config.job_id}))
-    return _call(lambda: D._Group(config, served_on))
+    return _call(lambda: D._Group(config, served_on)), hosts.count(host)
+
+
+def _overlaps(ranks_here: int) -> bool:
+    """DDP's overlap policy (docs/distributed.md): an all_reduce started with async_op=True runs on the
+    communication thread when this host has 2 cores per rank of the group, else on the calling thread
+    before the call returns (a finished Work): without a spare core the thread's work only takes time
+    from the ranks' computation. CYXWIZ_DDP_OVERLAP=1/0 forces either."""
+    flag = os.environ.get("CYXWIZ_DDP_OVERLAP", "").strip().lower()
+    if flag in ("1", "true", "yes", "on"):
+        return True
+    if flag in ("0", "false", "no", "off"):
+        return False
+    if flag:
+        raise ValueError(f"CYXWIZ_DDP_OVERLAP='{os.environ['CYXWIZ_DDP_OVERLAP']}' is not a flag: expected 1 or 0 "
+                         f"(also true/false, yes/no, on/off)")
+    return 2 * ranks_here <= (os.cpu_count() or 1)
 
 
 def _call(fn):
@@ -312,7 +330,8 @@ class CyxwizProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
         self._rank = rank  # self.rank() is a call into C++: the hot paths read this
-        self._group = _rendezvous(store, rank, size, timeout)
+        self._group, ranks_here = _rendezvous(store, rank, size, timeout)
+        self._overlap = _overlaps(ranks_here)  # async all_reduces on the communication thread
         self._completer = _Completer()
 
     # ---- what torch asks of every backend ----
@@ -367,7 +386,7 @@ class CyxwizProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else _R.SUM
-        run_async = _is_async(opts)
+        run_async = self._overlap and _is_async(opts)
         if len(tensors) == 1:
             # dist.all_reduce and DDP's buckets: one tensor, usually one the ring reduces in place. The
             # fewest Python steps: a small all-reduce costs little more than this call itself.

@@ -310,12 +310,53 @@ print("RESULT " + json.dumps({"rank": RANK, "errors": errors}), flush=True)
 '''
 
 
-def test_ddp_with_cyxwiz_ends_where_ddp_with_gloo_ends(ranks, tmp_path):
+@pytest.mark.parametrize("overlap", ["1", "0"], ids=["comm-thread", "caller"])
+def test_ddp_with_cyxwiz_ends_where_ddp_with_gloo_ends(ranks, tmp_path, overlap):
     """Same script, same seeds, 2 ranks: DDP with several gradient buckets over "cyxwiz" and over "gloo"
-    end with the same parameters (float32 sums of two ranks are exact in either order)."""
-    run_on_both_backends(ranks, DDP, tmp_path, timeout=120)
+    end with the same parameters (float32 sums of two ranks are exact in either order), with the buckets'
+    all_reduces on the communication thread and on the calling thread (CYXWIZ_DDP_OVERLAP)."""
+    run_on_both_backends(ranks, DDP, tmp_path, timeout=120, env={"CYXWIZ_DDP_OVERLAP": overlap})
     out = {backend: np.load(tmp_path / f"{backend}.0.npy") for backend in ("gloo", "cyxwiz")}
     np.testing.assert_allclose(out["cyxwiz"], out["gloo"], rtol=1e-6, atol=1e-7)
+
+
+OVERLAP = PRELUDE + r'''
+import time
+dist.init_process_group("cyxwiz")
+t = torch.full((1000,), float(RANK + 1))
+if RANK == 1:
+    time.sleep(1.0)  # rank 0's all_reduce cannot finish before this
+start = time.monotonic()
+work = dist.all_reduce(t, async_op=True)
+out = {"call_s": time.monotonic() - start, "done_at_return": work.is_completed()}
+work.wait()
+expect(torch.equal(t, torch.full((1000,), 3.0)), t[:4])
+dist.destroy_process_group()
+print("RESULT " + json.dumps({"rank": RANK, "errors": errors, **out}), flush=True)
+'''
+
+
+@pytest.mark.parametrize("overlap", ["1", "0", ""], ids=["comm-thread", "caller", "policy"])
+def test_async_all_reduce_follows_ddps_overlap_policy(ranks, overlap):
+    """An all_reduce with async_op=True runs on the communication thread (the call returns at once) where
+    the host has 2 cores per rank or CYXWIZ_DDP_OVERLAP=1, and on the calling thread (it returns done,
+    after the slow peer arrives) where it has fewer or CYXWIZ_DDP_OVERLAP=0."""
+    env = {"CYXWIZ_DDP_OVERLAP": overlap} if overlap else {}
+    [r0, r1] = ranks.run(OVERLAP, 2, env=env, timeout=60)
+    assert r0.rc == 0 and r1.rc == 0, ranks.report([r0, r1])
+    rep = json.loads([line for line in r0.out.splitlines() if line.startswith("RESULT ")][-1][7:])
+    assert rep["errors"] == [], rep
+    threaded = overlap == "1" or (not overlap and 2 * 2 <= (os.cpu_count() or 1))
+    if threaded:
+        assert rep["call_s"] < 0.5 and not rep["done_at_return"], rep
+    else:
+        assert rep["call_s"] > 0.8 and rep["done_at_return"], rep
+
+
+def test_a_wrong_ddp_overlap_flag_is_an_error_naming_it(ranks):
+    [r0, r1] = ranks.run(OVERLAP, 2, env={"CYXWIZ_DDP_OVERLAP": "sometimes"}, timeout=60)
+    assert r0.rc != 0, ranks.report([r0, r1])
+    assert "CYXWIZ_DDP_OVERLAP='sometimes' is not a flag" in r0.err, r0.err[-2000:]
 
 
 TORCHRUN_SCRIPT = PRELUDE + r'''
