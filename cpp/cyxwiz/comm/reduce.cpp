@@ -240,6 +240,32 @@ void finishAverage(void* data, size_t count, DType dtype, int worldSize) {
   }
 }
 
+namespace {
+
+// Two float32 sources in one pass, d = (a + b) * k: a copy, reduceInto's sum and (k = 1/2) finishAverage's
+// power-of-two multiply in one loop, to the bit (no multiply-add to contract).
+CYXWIZ_CPU_CLONES void sumTwoFloats(float* __restrict d, const float* __restrict a, const float* __restrict b, size_t n,
+                                    float k) {
+  for (size_t i = 0; i < n; ++i) d[i] = (a[i] + b[i]) * k;
+}
+CYXWIZ_CPU_CLONES void addTwoFloats(float* __restrict d, const float* __restrict a, const float* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = a[i] + b[i];
+}
+
+}  // namespace
+
+bool reduceTwo(void* d, const void* a, const void* b, size_t count, DType dtype, ReduceOp op) {
+  if (dtype != DType::Float32 || (op != ReduceOp::Sum && op != ReduceOp::Avg)) return false;
+  auto* out = static_cast<float*>(d);
+  const auto *x = static_cast<const float*>(a), *y = static_cast<const float*>(b);
+  if (op == ReduceOp::Avg) {
+    sumTwoFloats(out, x, y, count, 0.5f);
+  } else {
+    addTwoFloats(out, x, y, count);
+  }
+  return true;
+}
+
 bool reduceTwoRounded(float* d, const float* a, const float* b, size_t count, DType wire, float scale, bool average) {
   if (wire != DType::BFloat16) return false;
   // AVG of two: times 1/2, which finishAverage's power-of-two branch also does (k = 1: a sum, exact).

@@ -96,9 +96,11 @@ void WindowCollectives::reduceSharedInto(const std::vector<const uint8_t*>& of, 
       space.data() + (reinterpret_cast<uintptr_t>(near) + 2048 - reinterpret_cast<uintptr_t>(space.data())) % 4096;
   for (size_t at = first; at < last; at += step) {
     const size_t k = std::min(step, last - at);
-    std::memcpy(tmp, of[0] + at * esz, k * esz);
-    for (size_t r = 1; r < of.size(); ++r) reduceInto(tmp, of[r] + at * esz, k, dtype, op);
-    if (op == ReduceOp::Avg) finishAverage(tmp, k, dtype, static_cast<int>(of.size()));
+    if (of.size() != 2 || !reduceTwo(tmp, of[0] + at * esz, of[1] + at * esz, k, dtype, op)) {
+      std::memcpy(tmp, of[0] + at * esz, k * esz);
+      for (size_t r = 1; r < of.size(); ++r) reduceInto(tmp, of[r] + at * esz, k, dtype, op);
+      if (op == ReduceOp::Avg) finishAverage(tmp, k, dtype, static_cast<int>(of.size()));
+    }
     consume(at, at + k, reinterpret_cast<const float*>(tmp));
   }
 }

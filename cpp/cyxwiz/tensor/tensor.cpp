@@ -1,6 +1,7 @@
 #include "cyxwiz/tensor/tensor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -176,6 +177,11 @@ void Tensor::fill(double value) {
       host.fill(value);
       copyFrom(host);
     }
+    return;
+  }
+  if (n == 0) return;
+  if (value == 0.0 && !std::signbit(value)) {  // zero bits in every dtype; libc's memset is the widest loop
+    std::memset(rawData(), 0, static_cast<size_t>(n) * itemSize(dtype_));
     return;
   }
   switch (dtype_) {
