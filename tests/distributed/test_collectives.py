@@ -258,6 +258,18 @@ for dtype in ("float32", "float64"):
         total = total + xs[r]  # rank order: shared memory reduces so, and 2 ranks have one order
     want = total / np.asarray(WS, dtype)
     expect(np.array_equal(x.view(np.uint8), want.view(np.uint8)), f"AVG {dtype}: not bit for bit the sum divided by {WS}")
+    # A shared buffer larger than a window's half (DDP's buckets), read where it lies: the same bits.
+    big = [np.tile(v, 7)[:300001] for v in xs]
+    shared = dist._shared_zeros(big[RANK])
+    shared[:] = big[RANK]
+    dist.all_reduce(shared, op=dist.ReduceOp.AVG)
+    total = big[0].copy()
+    for r in range(1, WS):
+        total = total + big[r]
+    want = total / np.asarray(WS, dtype)
+    expect(np.array_equal(shared.view(np.uint8), want.view(np.uint8)),
+           f"AVG {dtype}, shared buffer: not bit for bit the sum divided by {WS}")
+    del shared
 done()
 '''
 

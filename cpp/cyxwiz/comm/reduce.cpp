@@ -131,9 +131,22 @@ void roundedHalfBlocks(float* a, size_t n, F value) {  // value(i) may read a[i]
   }
 }
 
+// float32, every collective's usual dtype, cloned per instruction set like the 16-bit loops.
+CYXWIZ_CPU_CLONES void sumFloats(float* __restrict a, const float* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
+}
+CYXWIZ_CPU_CLONES void multiplyFloats(float* __restrict d, size_t n, float k) {
+  for (size_t i = 0; i < n; ++i) d[i] = d[i] * k;
+}
+CYXWIZ_CPU_CLONES void divideFloats(float* __restrict d, size_t n, float k) {
+  for (size_t i = 0; i < n; ++i) d[i] = d[i] / k;
+}
+
 template <typename E>
 void sum(void* acc, const void* in, size_t n) {
-  if constexpr (std::is_same_v<E, WidenedBFloat16>) {
+  if constexpr (std::is_same_v<E, Plain<float>>) {
+    sumFloats(static_cast<float*>(acc), static_cast<const float*>(in), n);
+  } else if constexpr (std::is_same_v<E, WidenedBFloat16>) {
     sumBFloat16(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(in), n);
   } else if constexpr (std::is_same_v<E, WidenedHalf>) {
     sumHalf(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(in), n);
@@ -190,11 +203,14 @@ void divideBy(void* data, size_t count, int worldSize) {
     const T inverse = T(1) / n;
     if constexpr (std::is_same_v<E, WidenedBFloat16>) {
       multiplyBFloat16(d, count, inverse);
+    } else if constexpr (std::is_same_v<E, Plain<float>>) {
+      multiplyFloats(d, count, inverse);
     } else {
       for (size_t i = 0; i < count; ++i) d[i] = E::store(E::load(d[i]) * inverse);
     }
     return;
   }
+  if constexpr (std::is_same_v<E, Plain<float>>) return divideFloats(d, count, n);
   for (size_t i = 0; i < count; ++i) d[i] = E::store(E::load(d[i]) / n);
 }
 

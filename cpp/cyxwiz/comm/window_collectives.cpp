@@ -32,6 +32,7 @@ void WindowCollectives::allReduceSmall(uint8_t* d, size_t count, DType dtype, Re
   std::memcpy(w_.writable(h, d), d, bytes);
   w_.arrive();
   // Rank order on every rank: every rank ends with the same bits.
+  if (w_.size() == 2 && reduceTwo(d, w_.half(0, h), w_.half(1, h), count, dtype, op)) return w_.doneReading(h);
   std::memcpy(d, w_.half(0, h), bytes);
   for (int r = 1; r < w_.size(); ++r) reduceInto(d, w_.half(r, h), count, dtype, op);
   w_.doneReading(h);
@@ -170,9 +171,11 @@ void WindowCollectives::allReduceChunk(uint8_t* d, size_t count, DType dtype, Re
   // Our part, reduced in rank order into our other half, where the peers will copy it from.
   auto part = [&](int r) -> const uint8_t* { return (r == me ? d : w_.half(r, in)) + at(me); };
   uint8_t* mine = w_.writable(out, d) + at(me);
-  std::memcpy(mine, part(0), len(me));
-  for (int r = 1; r < n; ++r) reduceInto(mine, part(r), len(me) / esz, dtype, op);
-  if (op == ReduceOp::Avg) finishAverage(mine, len(me) / esz, dtype, n);
+  if (n != 2 || !reduceTwo(mine, part(0), part(1), len(me) / esz, dtype, op)) {
+    std::memcpy(mine, part(0), len(me));
+    for (int r = 1; r < n; ++r) reduceInto(mine, part(r), len(me) / esz, dtype, op);
+    if (op == ReduceOp::Avg) finishAverage(mine, len(me) / esz, dtype, n);
+  }
   std::memcpy(d + at(me), mine, len(me));
   w_.doneReading(in);
   w_.arrive();
