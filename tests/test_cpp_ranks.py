@@ -154,7 +154,10 @@ def test_every_collective_op_and_dtype(ranks, rank_checks, transport):
 
 @pytest.mark.parametrize("victim,transport", [(1, "shm"), (2, "tcp"), (0, "shm"), (0, "tcp")])
 def test_a_rank_that_exits_mid_job_is_named_by_every_survivor(ranks, rank_checks, victim, transport):
-    timeout_ms = 5000  # the error must come from the closed connections, well before this
+    # The error must come from the closed connections within `within_s`, well before the timeout. The
+    # timeout also bounds the rendezvous, where a rank started under Wine on a busy 2-core host once took
+    # more than 5 s to join: it is long, the bound on the error is not.
+    timeout_ms, within_s = 20000, 5.0
     runs = run_job(ranks, rank_checks, ["killed", str(victim)],
                    env={"DISTRIBUTED_TIMEOUT_MS": timeout_ms, "CYXWIZ_TRANSPORT": transport})
     dead = runs[victim]
@@ -173,7 +176,7 @@ def test_a_rank_that_exits_mid_job_is_named_by_every_survivor(ranks, rank_checks
             assert "lost the connection to rank 0" in msg and f"rank 0 (127.0.0.1:{ranks.port})" in msg, msg
         else:
             assert re.search(rf"rank {victim} \({ADDR}\) died", msg), msg
-        assert elapsed < timeout_ms / 1000, f"rank {r.rank} took {elapsed} s\n{report(runs)}"
+        assert elapsed < within_s, f"rank {r.rank} took {elapsed} s\n{report(runs)}"
 
 
 # --------------------------------------------------------------------- a stranger on the master port
