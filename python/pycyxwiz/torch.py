@@ -301,7 +301,7 @@ def _rendezvous(store, rank: int, size: int, timeout: timedelta):
     return _call(lambda: D._Group(config, served_on)), hosts.count(host)
 
 
-def _overlaps(ranks_here: int) -> bool:
+def _overlaps(ranks_here: int, rank: int) -> bool:
     """DDP's overlap policy (docs/distributed.md): an all_reduce started with async_op=True runs on the
     communication thread when this host has 2 cores per rank of the group, else on the calling thread
     before the call returns (a finished Work): without a spare core the thread's work only takes time
@@ -312,8 +312,8 @@ def _overlaps(ranks_here: int) -> bool:
     if flag in ("0", "false", "no", "off"):
         return False
     if flag:
-        raise ValueError(f"CYXWIZ_DDP_OVERLAP='{os.environ['CYXWIZ_DDP_OVERLAP']}' is not a flag: expected 1 or 0 "
-                         f"(also true/false, yes/no, on/off)")
+        raise ValueError(f"cyxwiz backend, rank {rank}: CYXWIZ_DDP_OVERLAP='{os.environ['CYXWIZ_DDP_OVERLAP']}' is "
+                         f"not a flag: set it to 1 or 0 (also true/false, yes/no, on/off), or unset it")
     return 2 * ranks_here <= (os.cpu_count() or 1)
 
 
@@ -331,7 +331,7 @@ class CyxwizProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank = rank  # self.rank() is a call into C++: the hot paths read this
         self._group, ranks_here = _rendezvous(store, rank, size, timeout)
-        self._overlap = _overlaps(ranks_here)  # async all_reduces on the communication thread
+        self._overlap = _overlaps(ranks_here, rank)  # async all_reduces on the communication thread
         self._completer = _Completer()
 
     # ---- what torch asks of every backend ----
