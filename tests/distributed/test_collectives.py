@@ -270,15 +270,28 @@ for dtype in ("float32", "float64"):
     expect(np.array_equal(shared.view(np.uint8), want.view(np.uint8)),
            f"AVG {dtype}, shared buffer: not bit for bit the sum divided by {WS}")
     del shared
+    # SUM in rank order, to the bit: fewer elements than ranks (the small path), a window's chunks, a
+    # shared buffer.
+    for n in (1, 2, 50001, 300001):
+        ys = [np.tile(v, 7)[:n] for v in xs]
+        y = dist._shared_zeros(ys[RANK]) if n == 300001 else ys[RANK].copy()
+        y[:] = ys[RANK]
+        dist.all_reduce(y, op=dist.ReduceOp.SUM)
+        total = ys[0].copy()
+        for r in range(1, WS):
+            total = total + ys[r]
+        expect(np.array_equal(y.view(np.uint8), total.view(np.uint8)), f"SUM {dtype} of {n}: not the rank-order sum")
+        del y
 done()
 '''
 
 
-@pytest.mark.parametrize("world_size, transport", [(2, "shm"), (2, "tcp"), (4, "shm")])
-def test_average_by_a_power_of_two_is_the_divided_sum(ranks, world_size, transport):
-    """AVG over 2 or 4 ranks multiplies by 1/N (a power of two): the same bits as numpy dividing the
-    sum, subnormal and huge values included (2 ranks on either transport, 4 on shared memory: sums in
-    rank order)."""
+@pytest.mark.parametrize("world_size, transport", [(2, "shm"), (2, "tcp"), (3, "shm"), (4, "shm")])
+def test_average_is_the_divided_sum_to_the_bit(ranks, world_size, transport):
+    """AVG over 2, 3 or 4 ranks: the same bits as numpy dividing the rank-order sum (by a power of two
+    the engine multiplies by 1/N, by 3 it divides), subnormal and huge values included; SUM is the
+    rank-order sum, from 1 element to a shared buffer (2 ranks on either transport, 3 and 4 on shared
+    memory, where every rank sums its part from all sources in one pass)."""
     outputs(ranks, ranks.run(AVG_BITS, world_size, env={"CYXWIZ_TRANSPORT": transport}), world_size)
 
 

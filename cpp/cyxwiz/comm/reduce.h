@@ -22,9 +22,11 @@ void finishAverage(void* data, size_t count, DType dtype, int worldSize);
 void roundScaled(float* acc, const float* in, size_t count, DType wire, float scale);
 void sumRounded(float* acc, const float* in, size_t count, DType wire, float scale);
 void finishAverageRounded(float* d, size_t count, DType wire, int worldSize);
-// d = a op b for two ranks' float32 values, SUM or AVG, in one pass: the bits of copying a, reduceInto
-// and finishAverage. d must not overlap a or b. False (nothing done) for other dtypes and ops.
-bool reduceTwo(void* d, const void* a, const void* b, size_t count, DType dtype, ReduceOp op);
+// d = the SUM or AVG of n float32 sources (2 <= n <= kMaxSources) in one pass: the bits of copying
+// sources[0], reduceInto for each next one in rank order and finishAverage. d overlaps no source. False
+// (nothing done) for other dtypes, ops and counts: the caller takes those passes itself.
+constexpr size_t kMaxSources = 8;
+bool reduceSources(void* d, const void* const* sources, size_t n, size_t count, DType dtype, ReduceOp op);
 // Two ranks' contributions a and b in one pass into d (which may be a or b): false, doing nothing,
 // where no such pass exists (float16: the three calls above).
 bool reduceTwoRounded(float* d, const float* a, const float* b, size_t count, DType wire, float scale, bool average);

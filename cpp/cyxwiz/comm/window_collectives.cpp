@@ -1,6 +1,7 @@
 #include "cyxwiz/comm/window_collectives.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -32,7 +33,9 @@ void WindowCollectives::allReduceSmall(uint8_t* d, size_t count, DType dtype, Re
   std::memcpy(w_.writable(h, d), d, bytes);
   w_.arrive();
   // Rank order on every rank: every rank ends with the same bits.
-  if (w_.size() == 2 && reduceTwo(d, w_.half(0, h), w_.half(1, h), count, dtype, op)) return w_.doneReading(h);
+  std::array<const void*, kMaxSources> halves{};
+  for (int r = 0; r < w_.size() && r < static_cast<int>(kMaxSources); ++r) halves[r] = w_.half(r, h);
+  if (reduceSources(d, halves.data(), w_.size(), count, dtype, op)) return w_.doneReading(h);
   std::memcpy(d, w_.half(0, h), bytes);
   for (int r = 1; r < w_.size(); ++r) reduceInto(d, w_.half(r, h), count, dtype, op);
   w_.doneReading(h);
@@ -95,9 +98,11 @@ void WindowCollectives::reduceSharedInto(const std::vector<const uint8_t*>& of, 
   thread_local std::vector<uint8_t> space(kPiece + 8192);
   uint8_t* tmp =
       space.data() + (reinterpret_cast<uintptr_t>(near) + 2048 - reinterpret_cast<uintptr_t>(space.data())) % 4096;
+  std::array<const void*, kMaxSources> from{};
   for (size_t at = first; at < last; at += step) {
     const size_t k = std::min(step, last - at);
-    if (of.size() != 2 || !reduceTwo(tmp, of[0] + at * esz, of[1] + at * esz, k, dtype, op)) {
+    for (size_t r = 0; r < of.size() && r < kMaxSources; ++r) from[r] = of[r] + at * esz;
+    if (!reduceSources(tmp, from.data(), of.size(), k, dtype, op)) {
       std::memcpy(tmp, of[0] + at * esz, k * esz);
       for (size_t r = 1; r < of.size(); ++r) reduceInto(tmp, of[r] + at * esz, k, dtype, op);
       if (op == ReduceOp::Avg) finishAverage(tmp, k, dtype, static_cast<int>(of.size()));
@@ -171,7 +176,9 @@ void WindowCollectives::allReduceChunk(uint8_t* d, size_t count, DType dtype, Re
   // Our part, reduced in rank order into our other half, where the peers will copy it from.
   auto part = [&](int r) -> const uint8_t* { return (r == me ? d : w_.half(r, in)) + at(me); };
   uint8_t* mine = w_.writable(out, d) + at(me);
-  if (n != 2 || !reduceTwo(mine, part(0), part(1), len(me) / esz, dtype, op)) {
+  std::array<const void*, kMaxSources> parts{};
+  for (int r = 0; r < n && r < static_cast<int>(kMaxSources); ++r) parts[r] = part(r);
+  if (!reduceSources(mine, parts.data(), n, len(me) / esz, dtype, op)) {
     std::memcpy(mine, part(0), len(me));
     for (int r = 1; r < n; ++r) reduceInto(mine, part(r), len(me) / esz, dtype, op);
     if (op == ReduceOp::Avg) finishAverage(mine, len(me) / esz, dtype, n);
