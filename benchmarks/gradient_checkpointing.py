@@ -16,10 +16,10 @@ Memory: every variant in a fresh process, so its peak resident size (VmHWM) is i
   3. reset VmHWM (/proc/self/clear_refs), read the resident size (the base), run 2 steps;
   4. step peak = VmHWM - base: the memory the step itself needs, which is what checkpointing trades;
      process peak = VmHWM: the whole process, model state included.
-  glibc's malloc keeps some freed memory resident and reuses it, so with the default allocator (what a
-  user gets) the step peak carries some noise of where tensors landed. The "live" run of each variant
-  sets MALLOC_MMAP_THRESHOLD_=65536 (every tensor its own mapping, unmapped when freed): the peak of
-  the live tensors alone.
+  glibc's malloc and pycyxwiz's host block cache keep freed memory resident and reuse it, so with the
+  defaults (what a user gets) the step peak carries some noise of where tensors landed. The "live" run
+  of each variant sets MALLOC_MMAP_THRESHOLD_=65536 and CYXWIZ_HOST_CACHE=0 (every tensor its own
+  mapping, unmapped when freed): the peak of the live tensors alone.
 Time: one process per framework runs the variants' steps interleaved (plain, 2, 3, 4, plain, ...) on
 one model, so that load from elsewhere on the machine hits all of them alike; each variant's median
 step over --rounds rounds (after a warm-up step each), and its median CPU time (user + system).
@@ -125,7 +125,7 @@ def run_worker(args, framework, what, live=False):
            "--segments", args.segments, "--hidden", str(args.hidden), "--layers", str(args.layers),
            "--batch", str(args.batch), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
            "--threads", str(args.threads)]
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536") if live else None
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", CYXWIZ_HOST_CACHE="0") if live else None
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr}")
@@ -214,8 +214,9 @@ def main():
         with open(path, "w") as f:
             f.write(f"# Gradient checkpointing, {os.cpu_count()} cores\n\n`{command}`\n\n```\n{header}\n```\n\n{text}\n\n"
                     f"{footer}.\n\nstep peak: VmHWM over 2 steps minus the resident size before them (parameters, "
-                    "gradients and optimizer state allocated, no activations held), glibc's default malloc; live: "
-                    "the same with MALLOC_MMAP_THRESHOLD_=65536, so that freed tensors leave the resident set; "
+                    "gradients and optimizer state allocated, no activations held), the default allocators; live: "
+                    "the same with MALLOC_MMAP_THRESHOLD_=65536 and CYXWIZ_HOST_CACHE=0, so that freed tensors "
+                    "leave the resident set; "
                     "process peak: VmHWM (default malloc); step ms / CPU ms: medians of the interleaved steps "
                     "(CPU: user + system of the process). x plain: against the same framework's plain step.\n")
         print(f"wrote {path}")

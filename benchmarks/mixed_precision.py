@@ -7,8 +7,9 @@
 
 torch runs float32 and bf16 (torch.autocast on the CPU); its fp16 with torch.amp.GradScaler("cpu") only
 with --torch-fp16. Each variant (framework x precision x batch) runs in a fresh process, one after the
-other, with MALLOC_MMAP_THRESHOLD_=65536 (every tensor its own mapping, unmapped when freed, in both
-frameworks: the resident size then follows the live tensors, not what malloc keeps for reuse):
+other, with MALLOC_MMAP_THRESHOLD_=65536 and CYXWIZ_HOST_CACHE=0 (every tensor its own mapping, unmapped
+when freed, in both frameworks: the resident size then follows the live tensors, not what malloc or
+pycyxwiz's host block cache keeps for reuse):
   1. build the model (seeded) and Adam (lr 1e-3; torch: fused=True, gradients kept between steps as
      pycyxwiz keeps them: zero_grad(set_to_none=False)), run the warm-up steps;
   2. pycyxwiz only: a forward on one row, so that the layers' caches of the last warm-up step shrink
@@ -131,7 +132,7 @@ def run_variant(args, framework, precision, batch, threads):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", framework, "--precision", precision,
            "--batch", str(batch), "--sizes", json.dumps(args.sizes_list), "--threads", str(threads),
            "--warmup", str(warmup), "--steps", str(steps)]
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", CYXWIZ_HOST_CACHE="0")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
@@ -205,7 +206,7 @@ def main():
               f"Load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)}; after: "
               f"{', '.join(f'{x:.2f}' for x in load_after)} (the machine was shared; the run took "
               f"{time.time() - start:.0f} s)  ",
-              f"Each variant in a fresh process with MALLOC_MMAP_THRESHOLD_=65536: warm-up steps, then the median "
+              f"Each variant in a fresh process with MALLOC_MMAP_THRESHOLD_=65536 and CYXWIZ_HOST_CACHE=0: warm-up steps, then the median "
               f"of the timed steps (batch <= 256: {counts(args, 64)[0]} + {counts(args, 64)[1]}; above: "
               f"{counts(args, 1024)[0]} + {counts(args, 1024)[1]}). Step peak = VmHWM during the timed steps minus "
               "the resident size before them (kept activations, their gradients, temporaries); process peak = VmHWM "

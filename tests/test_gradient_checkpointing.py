@@ -247,9 +247,10 @@ print(json.dumps({"base": base, "peak": kib("VmHWM")}))
 def peak_increase(tmp_path, segments):
     script = tmp_path / "memory.py"
     script.write_text(textwrap.dedent(MEMORY))
-    # A fixed mmap threshold: every tensor is its own mapping, returned to the system when freed, so the
-    # resident size follows the live tensors instead of what malloc's heap happened to keep.
-    env = clean_env(CYXWIZ_NUM_THREADS=1, MALLOC_MMAP_THRESHOLD_=65536)
+    # No host block cache and a fixed mmap threshold: every tensor is its own mapping, returned to the
+    # system when freed, so the resident size follows the live tensors instead of what the cache or
+    # malloc's heap happened to keep.
+    env = clean_env(CYXWIZ_NUM_THREADS=1, MALLOC_MMAP_THRESHOLD_=65536, CYXWIZ_HOST_CACHE=0)
     out = subprocess.run([sys.executable, str(script), str(segments)], env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr

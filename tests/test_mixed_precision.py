@@ -284,7 +284,8 @@ print(rss() - base)
     for mode in ("fp32", "bfloat16"):
         r = subprocess.run([sys.executable, str(path), mode], capture_output=True, text=True, timeout=60,
                            env={"CYXWIZ_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
-                                "MALLOC_MMAP_THRESHOLD_": "65536"})   # freed tensors leave the RSS
+                                # freed tensors leave the RSS: no host block cache, glibc unmaps them
+                                "MALLOC_MMAP_THRESHOLD_": "65536", "CYXWIZ_HOST_CACHE": "0"})
         assert r.returncode == 0, r.stderr
         kept[mode] = int(r.stdout.split()[-1])
     # float32 keeps 512 x (784 copied + 2048 + 2048) floats = 10 MB (plus the output); bf16 half of it.

@@ -13,6 +13,7 @@ void init_losses(py::module_& m);
 void init_optim(py::module_& m);
 void init_amp(py::module_& m);
 void init_info(py::module_& m);
+void init_memory(py::module_& m);
 void init_distributed(py::module_& m);
 void init_cuda(py::module_& m);
 
@@ -46,6 +47,7 @@ PYBIND11_MODULE(_core, m) {
   init_optim(m);
   init_amp(m);
   init_info(m);
+  init_memory(m);
   init_distributed(m);
   init_cuda(m);
 }

@@ -59,19 +59,22 @@ from ._core import (  # noqa: F401
     autocast,
     build_info,
     cuda,
+    empty_cache,
     from_dlpack,
     get_autocast_dtype,
     get_num_threads,
     get_rng_state,
+    host_memory_stats,
     is_autocast_enabled,
     manual_seed,
     set_num_threads,
     set_rng_state,
 )
-from ._core import _configure_threads, _set_blas16_library, _set_blas16_provider, _set_dnnl_library
+from ._core import _configure_host_cache, _configure_threads, _set_blas16_library, _set_blas16_provider, _set_dnnl_library
 from . import distributed  # noqa: F401,E402
 
 _configure_threads()  # BLAS threads: see docs/engine.md "Threads and randomness"
+_configure_host_cache()  # reads CYXWIZ_HOST_CACHE: see docs/engine.md "Memory"
 
 
 def _mkl_runtime():

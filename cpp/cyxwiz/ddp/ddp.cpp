@@ -15,6 +15,7 @@
 #include "cyxwiz/common/logging.h"
 #include "cyxwiz/ddp/sync_batchnorm.h"
 #include "cyxwiz/ddp/wire.h"
+#include "cyxwiz/tensor/host_cache.h"
 
 namespace cyxwiz::ddp {
 
@@ -53,6 +54,10 @@ std::string describeSharedSettings(const DDPConfig& config) {
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::SequentialModel> model, const DDPConfig& config)
     : model_(std::move(model)), config_(config) {
+  // The model's gradients (and, sharded, its parameters) move into the buckets: the blocks they leave go
+  // back to the system at once, not into the host cache (no step asks for them again; kept, they would
+  // raise the sharded step's peak resident size by the model's size).
+  const host_cache::ReleaseDirectly moving;
   CYX_CHECK(model_ != nullptr, "DistributedDataParallel: model is None");
   CYX_CHECK(config.bucketSizeMb > 0, "DDPConfig.bucket_size_mb=", config.bucketSizeMb, " must be positive");
   backend_ = comm::backend("DistributedDataParallel");

@@ -1,11 +1,11 @@
 #include "cyxwiz/nn/linear16.h"
 
 #include <algorithm>
-#include <memory>
 
 #include "cyxwiz/tensor/blas.h"
 #include "cyxwiz/tensor/blas16.h"
 #include "cyxwiz/tensor/convert16.h"
+#include "cyxwiz/tensor/host_cache.h"
 
 namespace cyxwiz::nn {
 
@@ -21,23 +21,22 @@ constexpr int64_t kBlockFloats = int64_t{1} << 20;
 int64_t blockRows(int64_t cols) { return std::max<int64_t>(1, kBlockFloats / std::max<int64_t>(cols, 1)); }
 
 // A buffer of `floats` uninitialised floats (every element is written before it is read): one per
-// call, reused by all of its blocks and freed after it, so nothing stays allocated between steps.
-std::unique_ptr<float[]> buffer(int64_t floats) {
-  return std::unique_ptr<float[]>(new float[static_cast<size_t>(std::max<int64_t>(floats, 1))]);
-}
+// call, reused by all of its blocks and given back after it (to the host cache: the next step's call
+// of the same shape takes it again instead of faulting in new pages).
+using Floats = host_cache::Scratch<float>;
+using Bits16 = host_cache::Scratch<uint16_t>;
+Floats buffer(int64_t floats) { return Floats(floats); }
 
 const uint16_t* bits(const Tensor& t) { return static_cast<const uint16_t*>(t.rawData()); }
 
 // bfloat16 products straight from the 16-bit operands (tensor/blas16.h), when oneMKL is there.
 bool direct(DType dtype) { return dtype == DType::BFloat16 && blas16::available(); }
 
-std::unique_ptr<uint16_t[]> buffer16(int64_t n) {
-  return std::unique_ptr<uint16_t[]>(new uint16_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
-}
+Bits16 buffer16(int64_t n) { return Bits16(n); }
 
 // n floats rounded into a new bfloat16 buffer (exact when they already hold bfloat16 values).
-std::unique_ptr<uint16_t[]> narrowed(const float* x, int64_t n) {
-  std::unique_ptr<uint16_t[]> out = buffer16(n);
+Bits16 narrowed(const float* x, int64_t n) {
+  Bits16 out = buffer16(n);
   narrowFloats(x, out.get(), n, DType::BFloat16);
   return out;
 }
@@ -53,7 +52,7 @@ void linearForward16(const Tensor& x16, const float* w, const float* bias, float
   }
   const int64_t step = blockRows(in);
   if (direct(dtype)) {  // y[:, o:o+n] (+)= x16 w16[o:o+n]^T, the weight rounded a block of rows at a time
-    std::unique_ptr<uint16_t[]> wb = buffer16(std::min(step, out) * in);
+    Bits16 wb = buffer16(std::min(step, out) * in);
     for (int64_t o = 0; o < out; o += step) {
       const int64_t n = std::min(step, out - o);
       narrowFloats(w + o * in, wb.get(), n * in, dtype);
@@ -66,8 +65,8 @@ void linearForward16(const Tensor& x16, const float* w, const float* bias, float
   // no float32 copy of the whole input or weight. With more than one block of input rows (large
   // batches) the weight blocks are rounded once per input block: a few extra passes over the weight,
   // against a float32 input copy as large as the activation autocast keeps in half.
-  std::unique_ptr<float[]> xr = buffer(std::min(step, rows) * in);
-  std::unique_ptr<float[]> wr = buffer(std::min(step, out) * in);
+  Floats xr = buffer(std::min(step, rows) * in);
+  Floats wr = buffer(std::min(step, out) * in);
   for (int64_t r = 0; r < rows; r += step) {
     const int64_t m = std::min(step, rows - r);
     widenFloats(bits(x16) + r * in, xr.get(), m * in, dtype);  // input rows [r, r + m)
@@ -99,7 +98,7 @@ void linearParamGrads16(const Tensor& x16, const Tensor& gr, float* dw, float* d
                      in);
   } else {  // dW += sum over row blocks of gr[rows]^T x[rows]: the input widened a block of rows at a time
     const int64_t step = blockRows(in);
-    std::unique_ptr<float[]> xr = buffer(std::min(step, rows) * in);
+    Floats xr = buffer(std::min(step, rows) * in);
     for (int64_t r = 0; r < rows; r += step) {
       const int64_t n = std::min(step, rows - r);
       widenFloats(bits(x16) + r * in, xr.get(), n * in, x16.dtype());
@@ -119,8 +118,8 @@ Tensor linearInputGrad16(const Tensor& gr, const float* w, int64_t in, DType dty
   Tensor dx = Tensor::empty({rows, in});
   const int64_t step = blockRows(in);
   if (direct(dtype)) {  // dx = sum over blocks of weight rows [o, o + n): g16[:, o:o+n] w16[o:o+n, :]
-    const std::unique_ptr<uint16_t[]> g16 = narrowed(gr.data<float>(), rows * out);  // exact: gr holds bfloat16 values
-    std::unique_ptr<uint16_t[]> wb = buffer16(std::min(step, out) * in);
+    const Bits16 g16 = narrowed(gr.data<float>(), rows * out);  // exact: gr holds bfloat16 values
+    Bits16 wb = buffer16(std::min(step, out) * in);
     for (int64_t o = 0; o < out; o += step) {
       const int64_t n = std::min(step, out - o);
       narrowFloats(w + o * in, wb.get(), n * in, dtype);
@@ -131,7 +130,7 @@ Tensor linearInputGrad16(const Tensor& gr, const float* w, int64_t in, DType dty
     return dx;
   }
   // dx = sum over blocks of weight rows [o, o + n): gr[:, o:o+n] wr[o:o+n, :]
-  std::unique_ptr<float[]> wr = buffer(std::min(step, out) * in);
+  Floats wr = buffer(std::min(step, out) * in);
   for (int64_t o = 0; o < out; o += step) {
     const int64_t n = std::min(step, out - o);
     roundFloats(w + o * in, wr.get(), n * in, dtype);

@@ -7,6 +7,7 @@
 #include "cyxwiz/nn/linear.h"
 #include "cyxwiz/nn/model_file.h"
 #include "cyxwiz/nn/relu.h"
+#include "cyxwiz/tensor/host_cache.h"
 
 namespace cyxwiz::nn {
 
@@ -94,6 +95,7 @@ void SequentialModel::to(const Device& device) {
   CYX_CHECK(!gradientGuard_, "SequentialModel.to(\"", device.str(), "\"): this model is wrapped in DistributedDataParallel, whose "
             "gradient buckets live on ", device_.str(), "; move the model before wrapping it");
   segments_.clear();  // their inputs live on the device the model is leaving
+  const host_cache::ReleaseDirectly moving;  // the host blocks the layers leave are not the next step's
   for (const auto& m : modules_) m->to(device);
   device_ = device;
 }

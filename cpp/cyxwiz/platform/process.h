@@ -18,5 +18,8 @@ std::string hostIdentity();
 // The pid namespace (Linux), so that pids published by a peer are comparable; "global" where pids
 // are global to the host. One word, no spaces.
 std::string pidNamespace();
+// Handlers around fork() (pthread_atfork), so that a lock another thread holds at the fork cannot stay
+// held forever in the child; nothing where there is no fork (Windows).
+void atFork(void (*prepare)(), void (*parent)(), void (*child)());
 
 }  // namespace cyxwiz::platform

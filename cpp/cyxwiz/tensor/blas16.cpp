@@ -10,6 +10,7 @@
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/platform/dynlib.h"
 #include "cyxwiz/tensor/blas.h"
+#include "cyxwiz/tensor/host_cache.h"
 #include "cyxwiz/tensor/convert16.h"
 #include "cyxwiz/tensor/dnnl.h"
 
@@ -163,10 +164,10 @@ void open(State& s) {
 void widenedGemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
                  const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const int64_t aRows = transA ? K : M, aCols = transA ? M : K, bRows = transB ? N : K, bCols = transB ? K : N;
-  std::vector<float> a(static_cast<size_t>(aRows * aCols)), b(static_cast<size_t>(bRows * bCols));
-  for (int64_t r = 0; r < aRows; ++r) widenFloats(A + r * lda, a.data() + r * aCols, aCols, DType::BFloat16);
-  for (int64_t r = 0; r < bRows; ++r) widenFloats(B + r * ldb, b.data() + r * bCols, bCols, DType::BFloat16);
-  blas::sgemm(transA, transB, M, N, K, 1.0f, a.data(), aCols, b.data(), bCols, beta, C, ldc);
+  host_cache::Scratch<float> a(aRows * aCols), b(bRows * bCols);  // every element written below
+  for (int64_t r = 0; r < aRows; ++r) widenFloats(A + r * lda, a.get() + r * aCols, aCols, DType::BFloat16);
+  for (int64_t r = 0; r < bRows; ++r) widenFloats(B + r * ldb, b.get() + r * bCols, bCols, DType::BFloat16);
+  blas::sgemm(transA, transB, M, N, K, 1.0f, a.get(), aCols, b.get(), bCols, beta, C, ldc);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include "cyxwiz/device/cuda.h"
 #include "cyxwiz/device/stream_release.h"
 #include "cyxwiz/tensor/half.h"
-#include "cyxwiz/platform/memory.h"
+#include "cyxwiz/tensor/host_cache.h"
 
 namespace cyxwiz {
 
@@ -77,12 +77,12 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   // 64-byte alignment: whole cache lines and aligned AVX-512 loads in the kernels.
   size_t nbytes = static_cast<size_t>(shapeNumel(shape)) * itemSize(dtype);
   size_t padded = (nbytes + 63) / 64 * 64;
-  void* data = padded ? platform::alignedAlloc(64, padded) : nullptr;
+  void* data = padded ? host_cache::allocate(padded) : nullptr;
   if (padded && !data) throw std::bad_alloc();
   auto storage = std::make_shared<Storage>();
   storage->data = data;
   storage->nbytes = nbytes;
-  storage->owner = std::shared_ptr<void>(data, [](void* p) { platform::alignedFree(p); });
+  storage->owner = std::shared_ptr<void>(data, [padded](void* p) { host_cache::release(p, padded); });
   Tensor t;
   t.storage_ = std::move(storage);
   t.shape_ = shape;

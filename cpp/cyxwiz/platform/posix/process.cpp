@@ -1,5 +1,6 @@
 #include "cyxwiz/platform/process.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -79,5 +80,7 @@ std::string pidNamespace() {
   return "global";
 #endif
 }
+
+void atFork(void (*prepare)(), void (*parent)(), void (*child)()) { ::pthread_atfork(prepare, parent, child); }
 
 }  // namespace cyxwiz::platform

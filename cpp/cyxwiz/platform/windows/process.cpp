@@ -34,4 +34,6 @@ std::string hostIdentity() {
 
 std::string pidNamespace() { return "global"; }
 
+void atFork(void (*)(), void (*)(), void (*)()) {}
+
 }  // namespace cyxwiz::platform
