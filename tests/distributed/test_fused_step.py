@@ -67,3 +67,33 @@ def test_three_ranks_keep_the_plain_all_reduce(ranks):
     assert_same_digest(reports_of(ranks, results, 3))
     for r in results:
         assert "as they are reduced" not in r.err, ranks.report(results)[-3000:]
+
+
+SIZES = PRELUDE + r'''
+D.init()
+cfg = D.DDPConfig()
+cfg.bucket_size_mb = 0.01   # a bucket per parameter
+cfg.shard_optimizer = os.environ["TEST_SHARD"] == "1"
+# 20 x 16384 (1.25 MiB: fused), 16384 x 5 (320 KiB: larger than the window's half, under 1 MiB)
+ddp = D.DistributedDataParallel(build(0, hidden=16384, extra=True), cfg)
+X, y = batch(0, 8 * WS)
+ddp.backward(LOSS.backward(ddp.forward(shard(X, 8)), shard(y, 8)))
+ddp.update_parameters(make_opt("sgd"))
+finish(digest=digest(ddp.parameters()))
+'''
+
+
+@pytest.mark.parametrize("shard_opt", ["0", "1"], ids=["plain", "sharded"])
+@pytest.mark.parametrize("setting,fused", [(None, 1), ("1", 2)], ids=["default", "forced"])
+def test_buckets_under_1_mib_take_the_all_reduce_unless_forced(ranks, shard_opt, setting, fused):
+    """Under 1 MiB the fused step measured slower (ddp.cpp, kFusedStepMinBytes): by default only the
+    1.25 MiB bucket is read as it is reduced; CYXWIZ_DDP_FUSED_STEP=1 takes the 320 KiB one too."""
+    env = {"TEST_SHARD": shard_opt, "CYXWIZ_TRANSPORT": "auto", "CYXWIZ_DDP_OVERLAP": "0", "CYXWIZ_LOG_LEVEL": "info"}
+    if setting:
+        env["CYXWIZ_DDP_FUSED_STEP"] = setting
+    results = ranks.run(SIZES, 2, env=env, timeout=90)
+    assert_same_digest(reports_of(ranks, results, 2))
+    for r in results:
+        lines = [l for l in r.err.splitlines() if "gradient buckets" in l]
+        assert len(lines) == 1, ranks.report(results)[-3000:]
+        assert f"the optimizer step reading {fused} of them as they are reduced" in lines[0], lines

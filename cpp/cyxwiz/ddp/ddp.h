@@ -34,8 +34,9 @@
 // all-reduce would leave), and the average is never written. The plain step saves the all-reduce's
 // write of the average and its all-gather (two ranks only: each rank then reads every bucket whole,
 // which beyond two costs more than it saves); the sharded step saves the write and re-read of its part
-// at any size. Gradients read through sync_gradients(), check_gradients, a GradScaler or a 16-bit
-// exchange take the all-reduce as before.
+// at any size. Buckets under 1 MiB take the all-reduce unless CYXWIZ_DDP_FUSED_STEP=1 (there the
+// fused step measured slower). Gradients read through sync_gradients(), check_gradients, a GradScaler
+// or a 16-bit exchange take the all-reduce as before.
 //
 // Construction is collective: the ranks compare architecture fingerprints (a different model on one
 // rank is an error on every rank) and, with broadcastParameters, take rank 0's parameters.
@@ -149,7 +150,8 @@ class DistributedDataParallel {
   std::string fingerprint_;
   size_t moduleCount_ = 0;
   bool overlap_ = true;
-  bool fusedStep_ = false;  // see "Fused step" above
+  bool fusedStep_ = false;    // see "Fused step" above
+  bool fusedForced_ = false;  // CYXWIZ_DDP_FUSED_STEP=1: also buckets under 1 MiB
   bool requireSync_ = true;
   bool inBackward_ = false;  // hooks launch all-reduces only during our own backward
   std::set<std::string> warned_;
