@@ -4,7 +4,6 @@
 #include <deque>
 #include <list>
 #include <mutex>
-#include <new>
 #include <unordered_map>
 #include <vector>
 
@@ -91,7 +90,6 @@ class Cache {
     }
     if (begin) emptyCache();
   }
-
 
   void emptyCache() {
     std::vector<void*> evicted;
