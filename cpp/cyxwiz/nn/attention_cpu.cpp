@@ -6,6 +6,7 @@
 
 #include "cyxwiz/common/parallel.h"
 #include "cyxwiz/nn/fast_exp.h"
+#include "cyxwiz/platform/cpu.h"
 #include "cyxwiz/tensor/blas.h"
 
 namespace cyxwiz::nn::attention_cpu {
@@ -49,9 +50,12 @@ void applyDropout(const Dropout& drop, uint64_t rowCounter, float* w, int64_t se
   for (int64_t j = 0; j < seen; ++j) w[j] *= dropFactor(drop, rowCounter + static_cast<uint64_t>(j));
 }
 
+// The per-row loops below are cloned per instruction set (platform/cpu.h): built for baseline x86-64
+// their exps and sums ran on SSE2. -ffp-contract=off keeps every clone's bits the same.
+
 // In place over one row's visible scores s[0, seen): s = e^(s - max), returns their sum. Two loops, so the
 // first (the exps) vectorises; the sum runs in eight lanes, as a vector would.
-float expShifted(float* s, int64_t seen, float shift) {
+CYXWIZ_CPU_CLONES float expShifted(float* s, int64_t seen, float shift) {
   for (int64_t j = 0; j < seen; ++j) s[j] = expNonPositive(s[j] - shift);
   float lane[8] = {};
   int64_t j = 0;
@@ -60,6 +64,39 @@ float expShifted(float* s, int64_t seen, float shift) {
   }
   for (; j < seen; ++j) lane[0] += s[j];
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+// One row of scores [0, keys), of which [0, seen) are visible, into the softmax's weights (the rest 0);
+// returns the log-sum-exp backward recomputes the weights from.
+CYXWIZ_CPU_CLONES float softmaxRow(float* row, int64_t seen, int64_t keys) {
+  float mx = row[0];
+  for (int64_t j = 1; j < seen; ++j) mx = row[j] > mx ? row[j] : mx;
+  const float sum = expShifted(row, seen, mx);
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < seen; ++j) row[j] *= inv;
+  std::fill(row + seen, row + keys, 0.0f);
+  return mx + std::log(sum);
+}
+
+// The weights again from the row's scores and its log-sum-exp l.
+CYXWIZ_CPU_CLONES void weightsFromScores(float* row, int64_t seen, int64_t keys, float l) {
+  for (int64_t j = 0; j < seen; ++j) row[j] = expNonPositive(row[j] - l);
+  std::fill(row + seen, row + keys, 0.0f);
+}
+
+// g = w (g - sum_j g_j w_j) over the visible keys, 0 beyond: the softmax's Jacobian applied to one row's
+// gradient g of its weights w. The dot runs in double over eight lanes, added in lane order.
+CYXWIZ_CPU_CLONES void softmaxGradRow(float* g, const float* w, int64_t seen, int64_t keys) {
+  double lane[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= seen; j += 8) {
+    for (int l = 0; l < 8; ++l) lane[l] += static_cast<double>(g[j + l]) * w[j + l];
+  }
+  double dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; j < seen; ++j) dot += static_cast<double>(g[j]) * w[j];
+  const float c = static_cast<float>(dot);
+  for (j = 0; j < seen; ++j) g[j] = w[j] * (g[j] - c);
+  std::fill(g + seen, g + keys, 0.0f);
 }
 
 }  // namespace
@@ -86,12 +123,7 @@ void forward(const Dims& d, const Dropout& drop, const float* qkv, float* out, f
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r, seen = keysSeen(d, i);
           float* row = s + r * keys;
-          const float mx = *std::max_element(row, row + seen);
-          const float sum = expShifted(row, seen, mx);
-          lse[task * T + i] = mx + std::log(sum);
-          const float inv = 1.0f / sum;
-          for (int64_t j = 0; j < seen; ++j) row[j] *= inv;
-          std::fill(row + seen, row + keys, 0.0f);
+          lse[task * T + i] = softmaxRow(row, seen, keys);
           if (drop.on()) applyDropout(drop, hd.maskBase + static_cast<uint64_t>(i * T), row, seen);
         }
         blas::sgemm(false, false, rows, dh, keys, 1.0f, s, keys, hd.v, 3 * E, 0.0f, out + hd.outOffset + i0 * E, E);
@@ -127,9 +159,7 @@ void backward(const Dims& d, const Dropout& drop, const float* qkv, const float*
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r, seen = keysSeen(d, i);
           float* row = p + r * keys;
-          const float l = lse[task * T + i];
-          for (int64_t j = 0; j < seen; ++j) row[j] = expNonPositive(row[j] - l);
-          std::fill(row + seen, row + keys, 0.0f);
+          weightsFromScores(row, seen, keys, lse[task * T + i]);
         }
         const float* used = p;  // the weights forward multiplied V by
         if (drop.on()) {
@@ -150,11 +180,7 @@ void backward(const Dims& d, const Dropout& drop, const float* qkv, const float*
           float* g = dp + r * keys;
           const float* w = p + r * keys;
           if (drop.on()) applyDropout(drop, hd.maskBase + static_cast<uint64_t>(i * T), g, seen);
-          double dot = 0.0;
-          for (int64_t j = 0; j < seen; ++j) dot += static_cast<double>(g[j]) * w[j];
-          const float c = static_cast<float>(dot);
-          for (int64_t j = 0; j < seen; ++j) g[j] = w[j] * (g[j] - c);
-          std::fill(g + seen, g + keys, 0.0f);
+          softmaxGradRow(g, w, seen, keys);
         }
         // dQ = dS K scale (this block's rows); dK += dS^T Q scale.
         blas::sgemm(false, false, rows, dh, keys, scale, dp, keys, hd.k, 3 * E, 0.0f, dq + i0 * 3 * E, 3 * E);

@@ -4,6 +4,7 @@
 
 #include "cyxwiz/nn/elementwise.h"
 #include "cyxwiz/nn/fast_exp.h"
+#include "cyxwiz/platform/cpu.h"
 
 namespace cyxwiz::nn {
 
@@ -23,22 +24,42 @@ inline float normalCdf(float x, float gaussian) {
   return 0.5f * (1.0f + (x < 0.0f ? -erfAbs : erfAbs));
 }
 
+inline float gelu(float x) { return x * normalCdf(x, expNonPositive(-0.5f * x * x)); }
+
+inline float geluGrad(float x, float g) {
+  const float gaussian = expNonPositive(-0.5f * x * x);
+  return g * (normalCdf(x, gaussian) + x * kInvSqrt2Pi * gaussian);
+}
+
+// Cloned per instruction set: the baseline (SSE2) build of these loops took 10.7% of a Transformer step
+// (d 128, ff 512, 1024 tokens, one thread), about 2 ns an element. -ffp-contract=off keeps every clone's
+// bits the same.
+CYXWIZ_CPU_CLONES void forwardRange(const float* __restrict x, float* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu(x[i]);
+}
+
+CYXWIZ_CPU_CLONES void gradRange(const float* __restrict x, const float* __restrict g, float* __restrict dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = geluGrad(x[i], g[i]);
+}
+
+CYXWIZ_CPU_CLONES void gradInPlaceRange(const float* __restrict x, float* __restrict g, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = geluGrad(x[i], g[i]);
+}
+
+constexpr RangeKernels kKernels{forwardRange, gradRange, gradInPlaceRange};
+
 }  // namespace
 
 Tensor GELUModule::forward(const Tensor& input) {
   requireFloatTensor(input, "GELUModule.forward");
   input_ = keepForBackward(input);
-  return activation(input, cuda::Activation::GELU,
-                    [](float x) { return x * normalCdf(x, expNonPositive(-0.5f * x * x)); });
+  return activation(input, cuda::Activation::GELU, kKernels);
 }
 
 Tensor GELUModule::backward(const Tensor& gradOutput) {
   checkBackward(input_, gradOutput, input_.shape());
   if (!needInputGrad_) return Tensor();
-  return activationGrad(input_, gradOutput, cuda::Activation::GELU, [](float x, float g) {
-    const float gaussian = expNonPositive(-0.5f * x * x);
-    return g * (normalCdf(x, gaussian) + x * kInvSqrt2Pi * gaussian);
-  });
+  return activationGrad(input_, gradOutput, cuda::Activation::GELU, kKernels);
 }
 
 }  // namespace cyxwiz::nn
