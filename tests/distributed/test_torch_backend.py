@@ -271,7 +271,13 @@ def test_collectives_through_torch_distributed_match_numpy(ranks, world_size):
 
 
 def run_on_both_backends(ranks, code, tmp_path, timeout, env=None):
-    """Runs `code` on 2 ranks with argv [backend, tmp_path/backend]: Gloo (the oracle), then "cyxwiz"."""
+    """Runs `code` on 2 ranks with argv [backend, tmp_path/backend]: Gloo (the oracle), then "cyxwiz".
+    torch's own compute must give the same bits in both runs, so that only the backends can differ: one
+    intra-op thread each (2 ranks share 2 cores anyway) and oneMKL's results independent of the buffers'
+    alignment (MKL_CBWR). Without them the FSDP2 comparison failed once in CI on an Intel Xeon with builds
+    running beside it (43% of the shards off in their last bits after 5 Adam steps); alone, and beside two
+    busy loops, it passed."""
+    env = {"OMP_NUM_THREADS": "1", "MKL_CBWR": "AUTO,STRICT", **(env or {})}
     for backend in ("gloo", "cyxwiz"):
         ranks.port = free_port()
         path = ranks.script(code, f"{backend}_run.py")

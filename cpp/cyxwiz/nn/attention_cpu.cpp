@@ -69,8 +69,7 @@ CYXWIZ_CPU_CLONES float expShifted(float* s, int64_t seen, float shift) {
 // One row of scores [0, keys), of which [0, seen) are visible, into the softmax's weights (the rest 0);
 // returns the log-sum-exp backward recomputes the weights from.
 CYXWIZ_CPU_CLONES float softmaxRow(float* row, int64_t seen, int64_t keys) {
-  float mx = row[0];
-  for (int64_t j = 1; j < seen; ++j) mx = row[j] > mx ? row[j] : mx;
+  const float mx = maxOfRow(row, seen);
   const float sum = expShifted(row, seen, mx);
   const float inv = 1.0f / sum;
   for (int64_t j = 0; j < seen; ++j) row[j] *= inv;

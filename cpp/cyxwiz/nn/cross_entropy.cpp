@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "cyxwiz/device/cuda.h"
 #include "cyxwiz/nn/softmax.h"
@@ -30,12 +31,10 @@ void CrossEntropyLoss::addLossSum(const Tensor& output, const Tensor& target, Te
   }
   const float* x = output.data<float>();
   double total = 0.0;
+  std::vector<float> exps(static_cast<size_t>(classes));
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * classes;
-    const float mx = *std::max_element(xr, xr + classes);
-    double sum = 0.0;
-    for (int64_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(xr[c] - mx));
-    const double logSumExp = mx + std::log(sum);
+    const double logSumExp = logSumExpRow(xr, exps.data(), classes);
     if (indices) {
       const int64_t label = target.data<int64_t>()[r];
       if (label != ignore_) total += logSumExp - xr[label];

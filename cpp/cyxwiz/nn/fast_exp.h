@@ -1,4 +1,5 @@
-// e^x for x <= 0 without libm, for the loops that call it per element (GELU, attention's softmax).
+// e^x for x <= 0 without libm, for the loops that call it per element (GELU, the softmaxes), and the
+// softmaxes' row maximum.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,23 @@ inline float expNonPositive(float x) {
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
+}
+
+// The largest of x[0, n), n > 0, over 16 lanes (a vector's select per lane, where one running max is
+// a chain the compiler will not vectorise without -ffast-math); for the softmaxes' shift, inlined into
+// their cloned loops.
+inline float maxOfRow(const float* x, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  float lanes[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) lanes[j] = x[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+  }
+  float mx = x[0];
+  for (int64_t j = 0; j < kLanes; ++j) mx = lanes[j] > mx ? lanes[j] : mx;
+  for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  return mx;
 }
 
 }  // namespace cyxwiz::nn

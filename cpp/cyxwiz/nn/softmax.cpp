@@ -6,22 +6,71 @@
 #include "cyxwiz/device/cuda.h"
 #include "cyxwiz/device/ops.h"
 #include "cyxwiz/nn/elementwise.h"
+#include "cyxwiz/nn/fast_exp.h"
+#include "cyxwiz/platform/cpu.h"
 
 namespace cyxwiz::nn {
+
+namespace {
+
+// The row loops, cloned per instruction set (platform/cpu.h); the sums run in double over eight
+// interleaved lanes, added in lane order (the same bits on every CPU). With libm's exp per element in
+// double, cross-entropy over 1024 x 256 logits took 1.3 ms forward and 1.0 ms backward, against torch's
+// 0.16 and 0.35.
+constexpr int64_t kLanes = 8;
+
+double total(const double* lanes) {
+  double sum = 0.0;
+  for (int64_t j = 0; j < kLanes; ++j) sum += lanes[j];
+  return sum;
+}
+
+CYXWIZ_CPU_CLONES float rowMax(const float* x, int64_t n) { return maxOfRow(x, n); }
+
+// y = e^(x - shift) (x - shift <= 0), returns sum(y) in double.
+CYXWIZ_CPU_CLONES double expRow(const float* __restrict x, float* __restrict y, int64_t n, float shift) {
+  for (int64_t c = 0; c < n; ++c) y[c] = expNonPositive(x[c] - shift);
+  double lanes[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += y[c + j];
+  }
+  double sum = total(lanes);
+  for (; c < n; ++c) sum += y[c];
+  return sum;
+}
+
+CYXWIZ_CPU_CLONES void scaleRow(float* y, int64_t n, float k) {
+  for (int64_t c = 0; c < n; ++c) y[c] *= k;
+}
+
+// dx = y (g - sum(g y)) for one row.
+CYXWIZ_CPU_CLONES void softmaxGradRow(const float* __restrict y, const float* __restrict g, float* __restrict dx,
+                                      int64_t n) {
+  double lanes[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += double(g[c + j]) * y[c + j];
+  }
+  double dot = total(lanes);
+  for (; c < n; ++c) dot += double(g[c]) * y[c];
+  const float d = static_cast<float>(dot);
+  for (c = 0; c < n; ++c) dx[c] = y[c] * (g[c] - d);
+}
+
+}  // namespace
 
 void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
-    float mx = *std::max_element(xr, xr + cols);
-    double sum = 0.0;
-    for (int64_t c = 0; c < cols; ++c) {
-      yr[c] = std::exp(xr[c] - mx);
-      sum += yr[c];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
+    scaleRow(yr, cols, static_cast<float>(1.0 / expRow(xr, yr, cols, rowMax(xr, cols))));
   }
+}
+
+double logSumExpRow(const float* x, float* scratch, int64_t n) {
+  const float mx = rowMax(x, n);
+  return mx + std::log(expRow(x, scratch, n, mx));
 }
 
 namespace {
@@ -65,13 +114,7 @@ Tensor SoftmaxModule::backward(const Tensor& gradOutput) {
   const float* y = output.data<float>();
   const float* g = gradOutput.data<float>();
   float* dx = gradInput.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* yr = y + r * cols;
-    const float* gr = g + r * cols;
-    double dot = 0.0;
-    for (int64_t c = 0; c < cols; ++c) dot += double(gr[c]) * yr[c];
-    for (int64_t c = 0; c < cols; ++c) dx[r * cols + c] = yr[c] * (gr[c] - static_cast<float>(dot));
-  }
+  for (int64_t r = 0; r < rows; ++r) softmaxGradRow(y + r * cols, g + r * cols, dx + r * cols, cols);
   return gradInput;
 }
 

@@ -20,7 +20,10 @@ class SoftmaxModule : public Module {
   Tensor input_;
 };
 
-// Row-wise softmax of a (rows, cols) float buffer, shared with CrossEntropyLoss.
+// Row-wise softmax of a (rows, cols) float buffer into another (they must not overlap), shared with
+// CrossEntropyLoss.
 void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols);
+// log sum_c e^(x_c) of one row of n > 0 logits, max-shifted; `scratch` (n floats) takes the exps.
+double logSumExpRow(const float* x, float* scratch, int64_t n);
 
 }  // namespace cyxwiz::nn
