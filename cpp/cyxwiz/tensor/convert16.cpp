@@ -1,7 +1,5 @@
 #include "cyxwiz/tensor/convert16.h"
 
-#include <cstring>
-
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/platform/cpu.h"
 #include "cyxwiz/tensor/half.h"
@@ -23,6 +21,15 @@ CYXWIZ_LOOP(widenHalf, uint16_t, float, halfToFloat(in[i]))
 CYXWIZ_LOOP(roundBf16, float, float, bfloat16ToFloat(floatToBFloat16(in[i])))
 CYXWIZ_LOOP(roundHalf, float, float, halfToFloat(floatToHalf(in[i])))
 #undef CYXWIZ_LOOP
+
+// In place (autocast rounds the gradient a layer receives in place): one pointer, so the loop needs no
+// __restrict pair and no temporary block copied back.
+CYXWIZ_CPU_CLONES void roundBf16InPlace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = bfloat16ToFloat(floatToBFloat16(x[i]));
+}
+CYXWIZ_CPU_CLONES void roundHalfInPlace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = halfToFloat(floatToHalf(x[i]));
+}
 
 CYXWIZ_CPU_CLONES void narrowScaledBf16(const float* __restrict in, uint16_t* __restrict out, int64_t n, float s) {
   for (int64_t i = 0; i < n; ++i) out[i] = floatToBFloat16(in[i] * s);
@@ -67,12 +74,11 @@ void widenFloats(const uint16_t* in, float* out, int64_t n, DType dtype) {
 
 void roundFloats(const float* in, float* out, int64_t n, DType dtype) {
   check16(dtype);
-  if (in == out) {  // in place: a temporary block at a time, so that the loops keep __restrict
-    float tmp[1024];
-    for (int64_t i = 0; i < n; i += 1024) {
-      const int64_t m = n - i < 1024 ? n - i : 1024;
-      roundFloats(in + i, tmp, m, dtype);
-      std::memcpy(out + i, tmp, static_cast<size_t>(m) * sizeof(float));
+  if (in == out) {
+    if (dtype == DType::BFloat16) {
+      roundBf16InPlace(out, n);
+    } else {
+      roundHalfInPlace(out, n);
     }
     return;
   }
