@@ -24,6 +24,7 @@ def wrap(fused):
     cfg = D.DDPConfig()
     cfg.bucket_size_mb = 0.01
     cfg.shard_optimizer = shard_opt
+    cfg.gradient_dtype = os.environ.get("TEST_WIRE", "float32")
     ddp = D.DistributedDataParallel(build(0, hidden=4096, extra=True), cfg)
     del os.environ["CYXWIZ_DDP_FUSED_STEP"]
     return ddp, make_opt(opt_kind)
@@ -56,6 +57,25 @@ def test_the_fused_step_gives_the_all_reduce_steps_bits(ranks, opt_kind, world, 
         lines = [l for l in r.err.splitlines() if "gradient buckets" in l]
         assert len(lines) == 2, ranks.report(results)[-3000:]
         assert "the optimizer step reading 1 of them as they are reduced" in lines[0], lines
+        assert "as they are reduced" not in lines[1], lines
+
+
+@pytest.mark.parametrize("wire", ["bfloat16", "float16"])
+@pytest.mark.parametrize("world,shard_opt", [(2, True), (3, True), (2, False)], ids=["2-sharded", "3-sharded", "2-plain"])
+def test_the_sharded_16_bit_exchange_on_one_host_takes_the_fused_step_with_its_bits(ranks, wire, world, shard_opt):
+    """A bucket rounded as the peers' float32 buckets are read (one host, larger than the window's half)
+    is fused in the sharded step as a float32 one is: the optimizer reads each piece of this rank's part of
+    the rounded reduction, the same bits as the rounded reduce-scatter (CYXWIZ_DDP_FUSED_STEP=0) leaves in
+    the bucket. The plain step keeps the rounded all-reduce (ddp.cpp: rounding on every rank cost more)."""
+    env = {"TEST_OPT": "adam", "TEST_SHARD": "1" if shard_opt else "0", "TEST_WIRE": wire, "CYXWIZ_TRANSPORT": "auto",
+           "CYXWIZ_DDP_OVERLAP": "0", "CYXWIZ_LOG_LEVEL": "info"}
+    results = ranks.run(FUSED, world, env=env, timeout=90)
+    assert_same_digest(reports_of(ranks, results, world))
+    for r in results:
+        lines = [l for l in r.err.splitlines() if "gradient buckets" in l]
+        assert len(lines) == 2, ranks.report(results)[-3000:]
+        assert f"in {wire} (1 rounded as the peers' float32 buckets are read)" in lines[0], lines
+        assert ("the optimizer step reading 1 of them as they are reduced" in lines[0]) == shard_opt, lines
         assert "as they are reduced" not in lines[1], lines
 
 

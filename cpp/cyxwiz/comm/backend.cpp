@@ -36,7 +36,7 @@ std::shared_ptr<Work> Backend::allReduceRounded(const Tensor&, DType, float, Red
   unsupported("all_reduce (16-bit, rounded in place)");
 }
 bool Backend::reducesForStep(const Tensor&) const { return false; }
-void Backend::reduceForStep(const Tensor&, ReduceOp, bool, const Collectives::StepConsumer&) {
+void Backend::reduceForStep(const Tensor&, ReduceOp, bool, DType, float, const Collectives::StepConsumer&) {
   unsupported("all_reduce (read by the optimizer step)");
 }
 std::shared_ptr<Work> Backend::gather(const Tensor&, const Tensor&, int, bool) { unsupported("gather"); }

@@ -67,7 +67,10 @@ class Backend {
   // reduceScatterInPlace) would leave, without writing them into the bucket and reading them back.
   // Only where reducesForStep(data) (the CPU backend on one host, a large buffer every rank maps).
   virtual bool reducesForStep(const Tensor& data) const;
-  virtual void reduceForStep(const Tensor& data, ReduceOp op, bool partial, const Collectives::StepConsumer& consume);
+  // wire: float32, or the 16-bit type of a rounded exchange (where reducesRounded(data)): the pieces
+  // are then allReduceRounded's bits.
+  virtual void reduceForStep(const Tensor& data, ReduceOp op, bool partial, DType wire, float scale,
+                             const Collectives::StepConsumer& consume);
   virtual std::shared_ptr<Work> barrier(bool async);
   // out (on `dst` only; undefined elsewhere): worldSize x in.numel() elements, rank r's at block r.
   virtual std::shared_ptr<Work> gather(const Tensor& in, const Tensor& out, int dst, bool async);

@@ -33,10 +33,12 @@ class Collectives {
   // DDP's optimizer step reading the reduction as it is made (ddp.h, "Fused step"): consume(first, last,
   // reduced) gets elements [first, last) of the reduction of every rank's float32 `data` (the bits
   // all_reduce would leave there; partial: this rank's part only), a cache-sized piece at a time, and
-  // `data` is left as it was. Returns once no rank reads this rank's buffer any more. Only the
-  // shared-window algorithms offer it, on a buffer every rank maps (CpuBackend::reducesForStep).
+  // `data` is left as it was. Returns once no rank reads this rank's buffer any more. wire: float32, or
+  // the 16-bit type of a rounded exchange: then the pieces are allReduceRounded's bits (scale as there).
+  // Only the shared-window algorithms offer it, on a buffer every rank maps (CpuBackend::reducesForStep).
   using StepConsumer = std::function<void(size_t first, size_t last, const float* reduced)>;
-  virtual void reduceForStep(const float* data, size_t count, ReduceOp op, bool partial, const StepConsumer& consume);
+  virtual void reduceForStep(const float* data, size_t count, ReduceOp op, bool partial, DType wire, float scale,
+                             const StepConsumer& consume);
   virtual void barrier() = 0;
   // Only checks that every rank made this same call (collectives whose data travels elsewhere).
   virtual void checkCalls() = 0;
@@ -48,7 +50,7 @@ inline void Collectives::allReduceRounded(float*, size_t, DType, float, ReduceOp
                      "a buffer every rank maps (an engine bug: CpuBackend::reducesRounded said yes)");
 }
 
-inline void Collectives::reduceForStep(const float*, size_t, ReduceOp, bool, const StepConsumer&) {
+inline void Collectives::reduceForStep(const float*, size_t, ReduceOp, bool, DType, float, const StepConsumer&) {
   throw BackendError(call().describe() + ": a reduction read by the optimizer step needs the shared-window "
                      "algorithms on a buffer every rank maps (an engine bug: CpuBackend::reducesForStep said yes)");
 }

@@ -111,36 +111,62 @@ void WindowCollectives::reduceSharedInto(const std::vector<const uint8_t*>& of, 
   }
 }
 
-void WindowCollectives::reduceForStep(const float* data, size_t count, ReduceOp op, bool partial,
-                                      const StepConsumer& consume) {
+void WindowCollectives::reduceForStep(const float* data, size_t count, ReduceOp op, bool partial, DType wire,
+                                      float scale, const StepConsumer& consume) {
   if (call_.buffer == 0 || count * sizeof(float) <= w_.halfBytes()) {
-    return Collectives::reduceForStep(data, count, op, partial, consume);
+    return Collectives::reduceForStep(data, count, op, partial, wire, scale, consume);
   }
   const int n = w_.size(), me = w_.me();
   const std::vector<const uint8_t*> of = sharedBuffers();
   const size_t first = partial ? partBegin(count, n, me) : 0, last = partial ? partBegin(count, n, me + 1) : count;
   w_.arrive();  // every member's buffer holds its input
-  reduceSharedInto(of, data, first, last, DType::Float32, op, consume);
+  if (wire == DType::Float32) {
+    reduceSharedInto(of, data, first, last, DType::Float32, op, consume);
+  } else {
+    reduceSharedRoundedInto(of, data, first, last, wire, scale, op, consume);
+  }
   w_.arrive();  // no member changes its buffer while a peer still reads it
 }
+
+namespace {
+
+// k floats from byte `at` of every buffer in `of`, reduced as the 16-bit exchange rounds, into out (which
+// may be one of the sources only at two members).
+void reducePieceRounded(float* out, const std::vector<const uint8_t*>& of, size_t at, size_t k, DType wire, float scale,
+                        ReduceOp op, float* acc) {
+  auto source = [&](size_t r) { return reinterpret_cast<const float*>(of[r] + at); };
+  if (of.size() == 2 && reduceTwoRounded(out, source(0), source(1), k, wire, scale, op == ReduceOp::Avg)) return;
+  roundScaled(acc, source(0), k, wire, scale);
+  for (size_t r = 1; r < of.size(); ++r) sumRounded(acc, source(r), k, wire, scale);
+  if (op == ReduceOp::Avg) finishAverageRounded(acc, k, wire, static_cast<int>(of.size()));
+  if (out != acc) std::memcpy(out, acc, k * sizeof(float));
+}
+
+}  // namespace
 
 void WindowCollectives::reduceSharedRounded(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first,
                                              size_t last, DType wire, float scale, ReduceOp op) {
   constexpr size_t kPiece = 64 * 1024;  // as reduceShared, and placed as it places its buffer
   thread_local std::vector<uint8_t> space(kPiece + 8192);
   uint8_t* tmp = space.data() + (reinterpret_cast<uintptr_t>(d) + 2048 - reinterpret_cast<uintptr_t>(space.data())) % 4096;
-  auto* acc = reinterpret_cast<float*>(tmp);
-  auto source = [&](size_t r, size_t at) { return reinterpret_cast<const float*>(of[r] + at); };
   for (size_t at = first; at < last; at += kPiece) {
-    const size_t len = std::min(kPiece, last - at), k = len / sizeof(float);
-    if (of.size() == 2 && reduceTwoRounded(reinterpret_cast<float*>(d + at), source(0, at), source(1, at), k, wire, scale,
-                                           op == ReduceOp::Avg)) {
-      continue;
-    }
-    roundScaled(acc, source(0, at), k, wire, scale);
-    for (size_t r = 1; r < of.size(); ++r) sumRounded(acc, source(r, at), k, wire, scale);
-    if (op == ReduceOp::Avg) finishAverageRounded(acc, k, wire, static_cast<int>(of.size()));
-    std::memcpy(d + at, acc, len);
+    const size_t len = std::min(kPiece, last - at);
+    reducePieceRounded(reinterpret_cast<float*>(d + at), of, at, len / sizeof(float), wire, scale, op,
+                       reinterpret_cast<float*>(tmp));
+  }
+}
+
+void WindowCollectives::reduceSharedRoundedInto(const std::vector<const uint8_t*>& of, const void* near, size_t first,
+                                                size_t last, DType wire, float scale, ReduceOp op,
+                                                const StepConsumer& consume) {
+  constexpr size_t kPiece = 64 * 1024, step = kPiece / sizeof(float);  // as reduceSharedInto
+  thread_local std::vector<uint8_t> space(kPiece + 8192);
+  auto* tmp = reinterpret_cast<float*>(
+      space.data() + (reinterpret_cast<uintptr_t>(near) + 2048 - reinterpret_cast<uintptr_t>(space.data())) % 4096);
+  for (size_t at = first; at < last; at += step) {
+    const size_t k = std::min(step, last - at);
+    reducePieceRounded(tmp, of, at * sizeof(float), k, wire, scale, op, tmp);
+    consume(at, at + k, tmp);
   }
 }
 

@@ -45,8 +45,10 @@ class WindowCollectives : public Collectives {
   // no conversion passes before or after.
   void allReduceRounded(float* data, size_t count, DType wire, float scale, ReduceOp op, bool partial) override;
   // On a shared float32 buffer larger than a half: one round in which each piece is reduced from every
-  // member's buffer in rank order (reduceShared's bits) into a cache-sized buffer and handed on.
-  void reduceForStep(const float* data, size_t count, ReduceOp op, bool partial, const StepConsumer& consume) override;
+  // member's buffer in rank order (reduceShared's bits, or reduceSharedRounded's for a 16-bit wire) into
+  // a cache-sized buffer and handed on.
+  void reduceForStep(const float* data, size_t count, ReduceOp op, bool partial, DType wire, float scale,
+                     const StepConsumer& consume) override;
   void barrier() override { w_.arrive(); }
   void checkCalls() override { w_.arrive(); }
   const CallSignature& call() const override { return call_; }
@@ -71,6 +73,9 @@ class WindowCollectives : public Collectives {
   // The same over float32 buffers, as the 16-bit exchange rounds (reduce.h's roundScaled, sumRounded).
   static void reduceSharedRounded(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last,
                                   DType wire, float scale, ReduceOp op);
+  // reduceSharedInto's pieces with reduceSharedRounded's bits (elements, not bytes).
+  static void reduceSharedRoundedInto(const std::vector<const uint8_t*>& of, const void* near, size_t first,
+                                      size_t last, DType wire, float scale, ReduceOp op, const StepConsumer& consume);
 
   Window& w_;
   CallSignature call_;

@@ -36,7 +36,8 @@
 // which beyond two costs more than it saves); the sharded step saves the write and re-read of its part
 // at any size. Buckets under 1 MiB take the all-reduce unless CYXWIZ_DDP_FUSED_STEP=1 (there the
 // fused step measured slower). Gradients read through sync_gradients(), check_gradients, a GradScaler
-// or a 16-bit exchange take the all-reduce as before.
+// or a 16-bit exchange with its 16-bit copy take the all-reduce as before; a 16-bit exchange rounded as the
+// peers' buckets are read takes the fused sharded step (reduceForStep rounds the pieces the same way).
 //
 // Construction is collective: the ranks compare architecture fingerprints (a different model on one
 // rank is an error on every rank) and, with broadcastParameters, take rank 0's parameters.

@@ -486,14 +486,17 @@ bool CpuBackend::reducesForStep(const Tensor& data) const {
   return reducesRounded(data);  // WindowCollectives::reduceForStep's conditions are the same
 }
 
-void CpuBackend::reduceForStep(const Tensor& data, ReduceOp op, bool partial, const Collectives::StepConsumer& consume) {
-  CYX_CHECK(reducesForStep(data) && (op == ReduceOp::Sum || op == ReduceOp::Avg), rankPrefix(),
-            "all_reduce (read by the optimizer step): not offered for this buffer (an engine bug)");
+void CpuBackend::reduceForStep(const Tensor& data, ReduceOp op, bool partial, DType wire, float scale,
+                               const Collectives::StepConsumer& consume) {
+  CYX_CHECK(reducesForStep(data) && (op == ReduceOp::Sum || op == ReduceOp::Avg) &&
+                (wire == DType::Float32 || wire == DType::BFloat16 || wire == DType::Float16),
+            rankPrefix(), "all_reduce (read by the optimizer step): not offered for this buffer (an engine bug)");
+  CallSignature call = onBuffer(partial ? Collective::ReduceScatterForStep : Collective::AllReduceForStep, data, op);
+  call.dtype = wire;  // what the ranks must agree on; the data are float32
   // On this thread: the consumer is the caller's optimizer step.
-  submit(onBuffer(partial ? Collective::ReduceScatterForStep : Collective::AllReduceForStep, data, op), false,
-         [&data, op, partial, &consume](Collectives& local) {
-           local.reduceForStep(data.data<float>(), static_cast<size_t>(data.numel()), op, partial, consume);
-         })->wait();
+  submit(call, false, [&data, op, partial, wire, scale, &consume](Collectives& local) {
+    local.reduceForStep(data.data<float>(), static_cast<size_t>(data.numel()), op, partial, wire, scale, consume);
+  })->wait();
 }
 
 std::shared_ptr<Work> CpuBackend::barrier(bool async) {

@@ -55,7 +55,8 @@ class CpuBackend final : public Backend {
   std::shared_ptr<Work> allReduceRounded(const Tensor& data, DType wire, float scale, ReduceOp op, bool partial,
                                          bool async) override;
   bool reducesForStep(const Tensor& data) const override;
-  void reduceForStep(const Tensor& data, ReduceOp op, bool partial, const Collectives::StepConsumer& consume) override;
+  void reduceForStep(const Tensor& data, ReduceOp op, bool partial, DType wire, float scale,
+                     const Collectives::StepConsumer& consume) override;
   std::shared_ptr<Work> barrier(bool async) override;
   // Over the point-to-point links, in issue order with the ring's collectives (peer_collectives.cpp).
   std::shared_ptr<Work> gather(const Tensor& in, const Tensor& out, int dst, bool async) override;
