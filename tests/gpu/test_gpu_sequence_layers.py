@@ -240,6 +240,37 @@ def test_the_transformer_under_autocast_on_the_gpu():
           dict(rtol=1e-2, atol=1e-2))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_attention_under_autocast_takes_16_bit_projections_on_the_gpu_as_on_the_cpu(dtype, causal):
+    """Under cx.autocast, attention's input and output projections multiply 16-bit operands on the GPU as
+    on the CPU (Q, K, V rounded to the 16-bit type, the core in float32): the GPU's forward, input gradient
+    and parameter gradients lie far closer to the CPU's autocast results than autocast lies from float32
+    (the two differ only where float32 sums in another order round to the other 16-bit neighbour)."""
+    cpu, gpu = twins(lambda: [cx.MultiHeadAttentionModule(32, 4, causal=causal)])
+    x = floats((3, 7, 32))
+    g = np.random.default_rng(4).standard_normal((3, 7, 32)).astype(np.float32)
+
+    def run(model, half):
+        model.zero_grad()
+        if half:
+            with cx.autocast(dtype):
+                out = model.forward(x)
+        else:
+            out = model.forward(x)
+        dx = model.backward(g, input_grad=True)
+        return [np.asarray(out), np.asarray(dx)] + [np.asarray(p).copy() for p in model.gradients()]
+
+    want, plain, got = run(cpu, True), run(cpu, False), run(gpu, True)
+    names = ["forward", "input gradient"] + [n for n, _ in cpu.named_parameters()]
+    for what, w, p, o in zip(names, want, plain, got):
+        rounding = float(np.abs(w - p).mean())
+        assert rounding > 0, f"{what}: autocast changed nothing on the CPU"
+        off = float(np.abs(o - w).mean())
+        assert off < 0.05 * rounding, (f"{dtype} {what}: the GPU is {off:.3g} from the CPU's autocast result on "
+                                       f"average, autocast itself moves it {rounding:.3g} from float32")
+
+
 STEP_SCRIPT = r'''
 import json, sys
 import numpy as np

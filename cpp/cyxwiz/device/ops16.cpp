@@ -19,6 +19,12 @@ Tensor narrowOnDevice(const Tensor& x, DType dtype) {
   return out;
 }
 
+void roundOnDevice(Tensor& x, DType dtype) {
+  const Tensor x16 = narrowOnDevice(x, dtype);
+  CYX_CUDA(convertFloats(x.device().index, x16.rawData(), elemType(dtype), x.deviceData<float>(), cuda::ElemType::Float32,
+                         x.numel(), 1.0f));
+}
+
 void linearForward16(const Tensor& x16, const Tensor& w16, const float* bias, Tensor& y, bool relu) {
   CYX_CHECK(x16.dtype() == w16.dtype(), "linearForward16: input ", dtypeName(x16.dtype()), " and weight ",
             dtypeName(w16.dtype()), " differ");

@@ -12,6 +12,9 @@ namespace cyxwiz::ops {
 
 // A new 16-bit (dtype: Float16 or BFloat16) tensor on x's device holding round(x), x float32 on a GPU.
 Tensor narrowOnDevice(const Tensor& x, DType dtype);
+// x (float32 on a GPU) in place: each element rounded to the nearest value of dtype (a 16-bit copy and
+// back), as cyxwiz::roundFloats does on the host.
+void roundOnDevice(Tensor& x, DType dtype);
 // y (rows, out) float32 = x16 w16^T (+ bias) (then ReLU); x16 (rows, in), w16 (out, in) of one 16-bit type.
 void linearForward16(const Tensor& x16, const Tensor& w16, const float* bias, Tensor& y, bool relu);
 // C (float32) = alpha op(A) op(B) + beta C, row-major; A and B 16-bit of `dtype`, all on `device`.

@@ -7,7 +7,7 @@
 // go through out_proj. On the CPU the core runs blocked (attention_cpu.h): forward keeps one log-sum-exp
 // per query, not the (N, H, T, T) weights, and backward recomputes them; under autocast the projections
 // take 16-bit operands. On a GPU (attention_gpu.cpp) the products are cuBLAS strided batched GEMMs and
-// forward keeps P (N x H x T x T floats); float32 under autocast there.
+// forward keeps P (N x H x T x T floats); under autocast the projections take 16-bit operands there too.
 #pragma once
 
 #include <memory>
@@ -77,7 +77,9 @@ class MultiHeadAttentionModule : public Module {
   Tensor backwardGpu(const Tensor& gradOutput);
   void clearGpuCache();
   std::shared_ptr<DropoutModule> gpuDropout_;
-  Tensor gpuInput_, gpuQkv_, gpuAttn_, gpuProbs_, gpuDropped_;
+  // Under autocast the input and the heads' outputs are 16-bit copies, and the weights' 16-bit copies
+  // (cast once a step) are kept for backward's dx.
+  Tensor gpuInput_, gpuQkv_, gpuAttn_, gpuProbs_, gpuDropped_, gpuInWeight16_, gpuOutWeight16_;
 };
 
 }  // namespace cyxwiz::nn

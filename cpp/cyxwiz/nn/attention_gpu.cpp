@@ -1,13 +1,18 @@
 // MultiHeadAttentionModule on a GPU: attention.cpp's forward and backward dispatch CUDA inputs here.
 // The same products as the CPU path, as cuBLAS strided batched GEMMs over views of the (N*T, 3E)
 // projections (no copies of Q, K, V), attention's masked softmax kernel, softmaxBackward for the
-// softmax's Jacobian, and the weights' dropout as a DropoutModule. Float32 under autocast, as the CPU.
+// softmax's Jacobian, and the weights' dropout as a DropoutModule. Under autocast as on the CPU: the
+// projections multiply 16-bit operands with float32 accumulation (LinearModule's calls), Q, K and V are
+// rounded to the 16-bit type, and the core stays float32.
 #include <cmath>
+#include <optional>
 
 #include "cyxwiz/common/error.h"
 #include "cyxwiz/device/cuda.h"
 #include "cyxwiz/device/ops.h"
+#include "cyxwiz/device/ops16.h"
 #include "cyxwiz/nn/attention.h"
+#include "cyxwiz/nn/autocast.h"
 #include "cyxwiz/nn/dropout.h"
 
 namespace cyxwiz::nn {
@@ -36,6 +41,57 @@ void perHead(const Device& device, int64_t N, int64_t H, bool transA, bool trans
   }
 }
 
+// y (rows, out) = x w^T (+ b), x (rows, in): float32, or with 16-bit x (autocast's copy) and a 16-bit
+// copy of w, returned for backward's dx (cast once a step, as LinearModule does).
+Tensor project(const Tensor& x, const Parameter& w, const Parameter* b, Tensor& y) {
+  const Device device = w.value.device();
+  const int64_t rows = x.size(0), in = x.size(1), out = w.value.size(0);
+  const float* bias = b ? b->value.deviceData<float>() : nullptr;
+  if (x.dtype() == DType::Float32) {
+    ops::linearForward(device, x.deviceData<float>(), w.value.deviceData<float>(), bias, y.deviceData<float>(), rows, in,
+                       out, false);
+    return Tensor();
+  }
+  Tensor w16 = ops::narrowOnDevice(w.value, x.dtype());
+  ops::linearForward16(x, w16, bias, y, false);
+  return w16;
+}
+
+// project's backward, its parameters: w's gradient += g^T x, b's += the column sums of g. With 16-bit x
+// (autocast) g is rounded to its type once and the product takes 16-bit operands, as LinearModule's
+// backward16Gpu. Returns g as the products take it, for projectInputGrad.
+Tensor projectParamGrads(const Tensor& g, const Tensor& x, Parameter& w, Parameter* b) {
+  const Device device = w.value.device();
+  const int64_t rows = x.size(0), in = x.size(1), out = w.value.size(0);
+  if (x.dtype() == DType::Float32) {
+    ops::gemm(device, true, false, out, in, rows, 1.0f, g.deviceData<float>(), out, x.deviceData<float>(), in, 1.0f,
+              w.grad.deviceData<float>(), in);
+    if (b) ops::addColumnSums(device, g.deviceData<float>(), b->grad.deviceData<float>(), rows, out);
+    return g;
+  }
+  const DType dtype = x.dtype();
+  Tensor g16 = ops::narrowOnDevice(g, dtype);
+  ops::gemm16(device, dtype, true, false, out, in, rows, 1.0f, g16, out, x, in, 1.0f, w.grad.deviceData<float>(), in);
+  if (b) ops::addColumnSums16(g16, b->grad.deviceData<float>());
+  return g16;
+}
+
+// dx = g w, g as projectParamGrads returned it; w16 is forward's 16-bit copy of w when g is 16-bit.
+Tensor projectInputGrad(const Tensor& g, const Parameter& w, const Tensor& w16) {
+  const Device device = w.value.device();
+  const int64_t rows = g.size(0), out = w.value.size(0), in = w.value.size(1);
+  Tensor dx = Tensor::empty({rows, in}, DType::Float32, device);
+  if (g.dtype() == DType::Float32) {
+    ops::gemm(device, false, false, rows, in, out, 1.0f, g.deviceData<float>(), out, w.value.deviceData<float>(), in,
+              0.0f, dx.deviceData<float>(), in);
+    return dx;
+  }
+  CYX_CHECK(w16.defined(), "MultiHeadAttentionModule.backward: the 16-bit weight copy of the autocast forward is gone "
+            "(a second backward after one forward?); run forward again before backward");
+  ops::gemm16(device, g.dtype(), false, false, rows, in, out, 1.0f, g, out, w16, in, 0.0f, dx.deviceData<float>(), in);
+  return dx;
+}
+
 }  // namespace
 
 std::vector<Module*> MultiHeadAttentionModule::innerModules() {
@@ -44,7 +100,7 @@ std::vector<Module*> MultiHeadAttentionModule::innerModules() {
 }
 
 void MultiHeadAttentionModule::clearGpuCache() {
-  gpuInput_ = gpuQkv_ = gpuAttn_ = gpuProbs_ = gpuDropped_ = Tensor();
+  gpuInput_ = gpuQkv_ = gpuAttn_ = gpuProbs_ = gpuDropped_ = gpuInWeight16_ = gpuOutWeight16_ = Tensor();
   if (gpuDropout_) gpuDropout_->releaseCache();
 }
 
@@ -58,10 +114,11 @@ Tensor MultiHeadAttentionModule::forwardGpu(const Tensor& input) {
   CYX_CHECK(T > 0, repr(), ".forward: the sequences are empty");
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   clearGpuCache();
-  gpuInput_ = keepForBackward(input);
+  const std::optional<DType> half = autocastDtype();
+  gpuInput_ = half ? narrowActivation(input, *half) : keepForBackward(input);
   gpuQkv_ = Tensor::empty({R, 3 * E}, DType::Float32, device);
-  ops::linearForward(device, gpuInput_.deviceData<float>(), inWeight_.value.deviceData<float>(),
-                     bias_ ? inBias_.value.deviceData<float>() : nullptr, gpuQkv_.deviceData<float>(), R, E, 3 * E, false);
+  gpuInWeight16_ = project(gpuInput_.reshape({R, E}), inWeight_, bias_ ? &inBias_ : nullptr, gpuQkv_);
+  if (half) ops::roundOnDevice(gpuQkv_, *half);  // as torch's 16-bit projection hands Q, K, V to attention
   const float* qkv = gpuQkv_.deviceData<float>();
   const HeadView q{qkv, 3 * E, T * 3 * E, dh}, k{qkv + E, 3 * E, T * 3 * E, dh}, v{qkv + 2 * E, 3 * E, T * 3 * E, dh};
   // S = scale Q K^T, then the softmax in place: P.
@@ -80,10 +137,10 @@ Tensor MultiHeadAttentionModule::forwardGpu(const Tensor& input) {
   // O = weights V, each head into its columns of gpuAttn_.
   gpuAttn_ = Tensor::empty({R, E}, DType::Float32, device);
   perHead(device, N, H, false, false, T, dh, T, 1.0f, weights, v, 0.0f, HeadView{gpuAttn_.deviceData<float>(), E, T * E, dh});
-  Tensor output = Tensor::empty({N, T, E}, DType::Float32, device);
-  ops::linearForward(device, gpuAttn_.deviceData<float>(), outWeight_.value.deviceData<float>(),
-                     bias_ ? outBias_.value.deviceData<float>() : nullptr, output.deviceData<float>(), R, E, E, false);
-  return output;
+  if (half) gpuAttn_ = ops::narrowOnDevice(gpuAttn_, *half);  // out_proj's kept input
+  Tensor output = Tensor::empty({R, E}, DType::Float32, device);
+  gpuOutWeight16_ = project(gpuAttn_, outWeight_, bias_ ? &outBias_ : nullptr, output);
+  return output.reshape({N, T, E});
 }
 
 Tensor MultiHeadAttentionModule::backwardGpu(const Tensor& gradOutput) {
@@ -92,14 +149,9 @@ Tensor MultiHeadAttentionModule::backwardGpu(const Tensor& gradOutput) {
   const Tensor gt = gradOutput.to(device);
   const int64_t N = gpuInput_.size(0), T = gpuInput_.size(1), E = embed_, H = heads_, dh = E / H, R = N * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-  const float* g = gt.deviceData<float>();
-  // out_proj: dW += g^T attn, db += column sums of g, then the heads' outputs' gradient g W.
-  ops::gemm(device, true, false, E, E, R, 1.0f, g, E, gpuAttn_.deviceData<float>(), E, 1.0f,
-            outWeight_.grad.deviceData<float>(), E);
-  if (bias_) ops::addColumnSums(device, g, outBias_.grad.deviceData<float>(), R, E);
-  Tensor dattn = Tensor::empty({R, E}, DType::Float32, device);
-  ops::gemm(device, false, false, R, E, E, 1.0f, g, E, outWeight_.value.deviceData<float>(), E, 0.0f,
-            dattn.deviceData<float>(), E);
+  // out_proj: its parameters' gradients, then the heads' outputs' gradient g W.
+  const Tensor gOut = projectParamGrads(gt.reshape({R, E}), gpuAttn_, outWeight_, bias_ ? &outBias_ : nullptr);
+  Tensor dattn = projectInputGrad(gOut, outWeight_, gpuOutWeight16_);
   Tensor dqkv = Tensor::empty({R, 3 * E}, DType::Float32, device);
   const float* qkv = gpuQkv_.deviceData<float>();
   float* dq = dqkv.deviceData<float>();
@@ -123,16 +175,12 @@ Tensor MultiHeadAttentionModule::backwardGpu(const Tensor& gradOutput) {
   perHead(device, N, H, false, false, T, dh, T, scale, dS, k, 0.0f, dQ);
   perHead(device, N, H, true, false, T, dh, T, scale, dS, q, 0.0f, dK);
   ds = Tensor();
-  // in_proj: dW += dqkv^T x, db += column sums of dqkv, then dx = dqkv W.
-  ops::gemm(device, true, false, 3 * E, E, R, 1.0f, dq, 3 * E, gpuInput_.deviceData<float>(), E, 1.0f,
-            inWeight_.grad.deviceData<float>(), E);
-  if (bias_) ops::addColumnSums(device, dq, inBias_.grad.deviceData<float>(), R, 3 * E);
+  // in_proj: its parameters' gradients, then dx = dqkv W.
+  dattn = Tensor();
+  const Tensor gIn = projectParamGrads(dqkv, gpuInput_.reshape({R, E}), inWeight_, bias_ ? &inBias_ : nullptr);
   gradsReady();
   if (!needInputGrad_) return Tensor();
-  Tensor gradInput = Tensor::empty(gpuInput_.shape(), DType::Float32, device);
-  ops::gemm(device, false, false, R, E, 3 * E, 1.0f, dq, 3 * E, inWeight_.value.deviceData<float>(), E, 0.0f,
-            gradInput.deviceData<float>(), E);
-  return gradInput;
+  return projectInputGrad(gIn, inWeight_, gpuInWeight16_).reshape(gpuInput_.shape());
 }
 
 }  // namespace cyxwiz::nn
