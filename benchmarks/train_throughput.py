@@ -19,8 +19,8 @@ Modes (--modes, default all three, rounds in this order):
   bf16     gradients exchanged in bfloat16 (not in the default modes): pycyxwiz DDP with
            DDPConfig.gradient_dtype = "bfloat16"; torch DDP with the body of bf16_compress_hook as its comm
            hook (default_hooks._compress_hook(torch.bfloat16): the public hook refuses anything but CUDA/XPU)
-  unfused, sharded-unfused
-           ddp and sharded with pycyxwiz's fused optimizer step off (CYXWIZ_DDP_FUSED_STEP=0 while wrapping;
+  unfused, sharded-unfused, bf16-unfused
+           ddp, sharded and bf16 with pycyxwiz's fused optimizer step off (CYXWIZ_DDP_FUSED_STEP=0 while wrapping;
            not in the default modes; pycyxwiz only): each bucket all-reduced (reduce-scattered), then the
            optimizer steps on it, as before the fused step
   nocomm   the same training without any gradient exchange (the compute-only ceiling)
@@ -61,16 +61,18 @@ from mlp import MODELS  # noqa: E402 - the layer sizes of the MLP the workers tr
 WORKER = os.path.join(HERE, "train_throughput_worker.py")
 BATCH = 64
 FRAMEWORKS = ["pycyxwiz", "torch"]
-MODES = ["ddp", "unfused", "sharded", "sharded-unfused", "bf16", "nocomm"]
+MODES = ["ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused", "nocomm"]
 DEFAULT_MODES = ["ddp", "sharded", "nocomm"]
-COMM_MODES = ["ddp", "unfused", "sharded", "sharded-unfused", "bf16"]
-UNFUSED_MODES = ["unfused", "sharded-unfused"]  # pycyxwiz only
+COMM_MODES = ["ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused"]
+UNFUSED_MODES = ["unfused", "sharded-unfused", "bf16-unfused"]  # pycyxwiz only
 QUICK_MODES = [m for m in MODES if m not in UNFUSED_MODES]  # --quick measures every other mode (about 15 s on 2 cores with torch)
 SHARD_ENV = "CYXWIZ_DDP_SHARD_OPTIMIZER"  # not passed to the ranks: it would shard the ddp mode too
 VARIANT = {("pycyxwiz", "ddp"): "pycyxwiz DDP", ("pycyxwiz", "sharded"): "pycyxwiz DDP sharded",
            ("pycyxwiz", "unfused"): "pycyxwiz DDP unfused step",
            ("pycyxwiz", "sharded-unfused"): "pycyxwiz DDP sharded, unfused step",
+           ("pycyxwiz", "bf16-unfused"): "pycyxwiz DDP bf16 gradients, unfused step",
            ("torch", "unfused"): "torch (no unfused mode)", ("torch", "sharded-unfused"): "torch (no unfused mode)",
+           ("torch", "bf16-unfused"): "torch (no unfused mode)",
            ("pycyxwiz", "nocomm"): "pycyxwiz no-comm", ("pycyxwiz", "bf16"): "pycyxwiz DDP bf16 gradients",
            ("torch", "bf16"): "torch DDP bf16 compress hook",
            ("torch", "ddp"): "torch DDP", ("torch", "sharded"): "torch DDP sharded (ZeRO)",
@@ -127,7 +129,8 @@ def availability(ver, no_torch):
         for m in ("sharded", "sharded-unfused"):
             no_mode[("pycyxwiz", m)] = "this pycyxwiz has no cx.distributed.DDPConfig.shard_optimizer"
     if why["pycyxwiz"] is None and p.get("ddp") and not p.get("bf16"):
-        no_mode[("pycyxwiz", "bf16")] = "this pycyxwiz has no cx.distributed.DDPConfig.gradient_dtype"
+        for m in ("bf16", "bf16-unfused"):
+            no_mode[("pycyxwiz", m)] = "this pycyxwiz has no cx.distributed.DDPConfig.gradient_dtype"
     for m in UNFUSED_MODES:
         no_mode[("torch", m)] = "pycyxwiz's fused optimizer step has no torch counterpart"
     return why, no_mode
@@ -378,7 +381,7 @@ def main_table(s, model, worlds, fws, modes):
     samples/s of DDP (of sharded when DDP was not asked for)."""
     shown = ["pycyxwiz"] + (["torch"] if "torch" in fws else [])
     label = {"ddp": "DDP", "unfused": "DDP unfused", "sharded": "sharded", "sharded-unfused": "sharded unfused",
-             "bf16": "DDP bf16", "nocomm": "no-comm"}
+             "bf16": "DDP bf16", "bf16-unfused": "DDP bf16 unfused", "nocomm": "no-comm"}
     shown_modes = [m for m in MODES if m in modes]
     ratios = [m for m in COMM_MODES if m in modes] if "nocomm" in modes else []
     rate_mode = next((m for m in COMM_MODES if m in modes), "nocomm")
@@ -448,7 +451,7 @@ def plot(path, s, models, worlds, fws):
     style = {("pycyxwiz", "ddp"): ("tab:red", "-", "o"), ("pycyxwiz", "sharded"): ("tab:red", ":", "^"),
              ("pycyxwiz", "nocomm"): ("tab:red", "--", "s"), ("pycyxwiz", "bf16"): ("tab:red", "-.", "v"),
              ("torch", "bf16"): ("tab:blue", "-.", "v"), ("pycyxwiz", "unfused"): ("tab:orange", "-", "o"),
-             ("pycyxwiz", "sharded-unfused"): ("tab:orange", ":", "^"),
+             ("pycyxwiz", "sharded-unfused"): ("tab:orange", ":", "^"), ("pycyxwiz", "bf16-unfused"): ("tab:orange", "-.", "v"),
              ("torch", "ddp"): ("tab:blue", "-", "o"), ("torch", "sharded"): ("tab:blue", ":", "^"),
              ("torch", "nocomm"): ("tab:blue", "--", "s")}
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.5), squeeze=False)

@@ -20,8 +20,8 @@ Each rank generates its own synthetic data once (float32 randn(rows, 784), randi
   bf16     the ddp step with gradients exchanged in bfloat16: pycyxwiz DDPConfig.gradient_dtype = "bfloat16";
            torch DDP with bf16_compress_hook's body (default_hooks._compress_hook(torch.bfloat16): the public
            hook refuses anything but CUDA/XPU) as its comm hook
-  unfused, sharded-unfused
-           pycyxwiz only: ddp and sharded wrapped with CYXWIZ_DDP_FUSED_STEP=0 (each bucket all-reduced or
+  unfused, sharded-unfused, bf16-unfused
+           pycyxwiz only: ddp, sharded and bf16 wrapped with CYXWIZ_DDP_FUSED_STEP=0 (each bucket all-reduced or
            reduce-scattered, then stepped on: no fused optimizer step)
   nocomm   the same model without any gradient communication (the compute-only ceiling of N busy ranks):
            pycyxwiz: model.forward, model.backward(loss.backward(...)), opt.step(model), model.zero_grad()
@@ -53,7 +53,7 @@ from mlp import LR, MODELS, build_cx, torch_mlp  # the MLP every benchmark train
 READY, ROUND, RESULT, ERROR = "TRAIN_READY", "TRAIN_ROUND", "TRAIN_RESULT", "TRAIN_ERROR"
 BATCH = 64
 CLASSES = 10
-MODES = ("ddp", "unfused", "sharded", "sharded-unfused", "bf16", "nocomm")
+MODES = ("ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused", "nocomm")
 SHARD_ENV = "CYXWIZ_DDP_SHARD_OPTIMIZER"
 
 
@@ -104,10 +104,10 @@ class Cyxwiz:
 
     def build(self, sizes, mode, seed):
         m, lossfn, opt = build_cx(self.cx, sizes, seed)
-        if mode in ("ddp", "unfused", "sharded", "sharded-unfused", "bf16"):
+        if mode in ("ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused"):
             shard = mode.startswith("sharded")
             cfg = self.dist.DDPConfig()
-            if mode == "bf16":
+            if mode.startswith("bf16"):
                 if not hasattr(cfg, "gradient_dtype"):
                     raise Skip("this pycyxwiz has no DDPConfig.gradient_dtype")
                 cfg.gradient_dtype = "bfloat16"

@@ -62,11 +62,12 @@ def test_the_fused_step_gives_the_all_reduce_steps_bits(ranks, opt_kind, world, 
 
 @pytest.mark.parametrize("wire", ["bfloat16", "float16"])
 @pytest.mark.parametrize("world,shard_opt", [(2, True), (3, True), (2, False)], ids=["2-sharded", "3-sharded", "2-plain"])
-def test_the_sharded_16_bit_exchange_on_one_host_takes_the_fused_step_with_its_bits(ranks, wire, world, shard_opt):
+def test_the_16_bit_exchange_on_one_host_takes_the_fused_step_with_its_bits(ranks, wire, world, shard_opt):
     """A bucket rounded as the peers' float32 buckets are read (one host, larger than the window's half)
-    is fused in the sharded step as a float32 one is: the optimizer reads each piece of this rank's part of
-    the rounded reduction, the same bits as the rounded reduce-scatter (CYXWIZ_DDP_FUSED_STEP=0) leaves in
-    the bucket. The plain step keeps the rounded all-reduce (ddp.cpp: rounding on every rank cost more)."""
+    is fused as a float32 one is: the optimizer reads each piece of this rank's part of the rounded
+    reduction (sharded), and in the plain step at two ranks also the peer's part where it lies once the peer
+    has rounded it: the same bits as the rounded reduce-scatter / all-reduce (CYXWIZ_DDP_FUSED_STEP=0)
+    leaves in the bucket."""
     env = {"TEST_OPT": "adam", "TEST_SHARD": "1" if shard_opt else "0", "TEST_WIRE": wire, "CYXWIZ_TRANSPORT": "auto",
            "CYXWIZ_DDP_OVERLAP": "0", "CYXWIZ_LOG_LEVEL": "info"}
     results = ranks.run(FUSED, world, env=env, timeout=90)
@@ -75,7 +76,7 @@ def test_the_sharded_16_bit_exchange_on_one_host_takes_the_fused_step_with_its_b
         lines = [l for l in r.err.splitlines() if "gradient buckets" in l]
         assert len(lines) == 2, ranks.report(results)[-3000:]
         assert f"in {wire} (1 rounded as the peers' float32 buckets are read)" in lines[0], lines
-        assert ("the optimizer step reading 1 of them as they are reduced" in lines[0]) == shard_opt, lines
+        assert "the optimizer step reading 1 of them as they are reduced" in lines[0], lines
         assert "as they are reduced" not in lines[1], lines
 
 

@@ -32,9 +32,11 @@ class Collectives {
   virtual void allReduceRounded(float* data, size_t count, DType wire, float scale, ReduceOp op, bool partial);
   // DDP's optimizer step reading the reduction as it is made (ddp.h, "Fused step"): consume(first, last,
   // reduced) gets elements [first, last) of the reduction of every rank's float32 `data` (the bits
-  // all_reduce would leave there; partial: this rank's part only), a cache-sized piece at a time, and
-  // `data` is left as it was. Returns once no rank reads this rank's buffer any more. wire: float32, or
-  // the 16-bit type of a rounded exchange: then the pieces are allReduceRounded's bits (scale as there).
+  // all_reduce would leave there; partial: this rank's part only), a cache-sized piece at a time, in
+  // order within each rank's part, and `data` is left as it was. Returns once no rank reads this rank's
+  // buffer any more. wire: float32, or the 16-bit type of a rounded exchange: then the pieces are
+  // allReduceRounded's bits (scale as there), and where not partial this rank's part of `data` holds them
+  // after (each rank rounds its part once, in place, this rank's part first, then the others' are read).
   // Only the shared-window algorithms offer it, on a buffer every rank maps (CpuBackend::reducesForStep).
   using StepConsumer = std::function<void(size_t first, size_t last, const float* reduced)>;
   virtual void reduceForStep(const float* data, size_t count, ReduceOp op, bool partial, DType wire, float scale,

@@ -122,8 +122,22 @@ void WindowCollectives::reduceForStep(const float* data, size_t count, ReduceOp 
   w_.arrive();  // every member's buffer holds its input
   if (wire == DType::Float32) {
     reduceSharedInto(of, data, first, last, DType::Float32, op, consume);
-  } else {
+  } else if (partial) {
     reduceSharedRoundedInto(of, data, first, last, wire, scale, op, consume);
+  } else {
+    // The plain 16-bit step. Rounding is compute-bound, so each member rounds only its own part, in place
+    // (the rounded all-reduce's bits and place), and then reads the others' parts where they lie.
+    const size_t mine = partBegin(count, n, me), next = partBegin(count, n, me + 1);
+    reduceSharedRoundedInPlace(of, const_cast<float*>(data), mine, next, wire, scale, op, consume);
+    w_.arrive();  // every member's part is rounded in its buffer
+    constexpr size_t step = 64 * 1024 / sizeof(float);
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      const auto* theirs = reinterpret_cast<const float*>(of[static_cast<size_t>(r)]);
+      for (size_t at = partBegin(count, n, r), end = partBegin(count, n, r + 1); at < end; at += step) {
+        consume(at, std::min(end, at + step), theirs + at);
+      }
+    }
   }
   w_.arrive();  // no member changes its buffer while a peer still reads it
 }
@@ -170,11 +184,27 @@ void WindowCollectives::reduceSharedRoundedInto(const std::vector<const uint8_t*
   }
 }
 
+void WindowCollectives::reduceSharedRoundedInPlace(const std::vector<const uint8_t*>& of, float* d, size_t first,
+                                                    size_t last, DType wire, float scale, ReduceOp op,
+                                                    const StepConsumer& consume) {
+  constexpr size_t kPiece = 64 * 1024, step = kPiece / sizeof(float);  // as reduceSharedRounded
+  thread_local std::vector<uint8_t> space(kPiece + 8192);
+  auto* tmp = reinterpret_cast<float*>(
+      space.data() + (reinterpret_cast<uintptr_t>(d) + 2048 - reinterpret_cast<uintptr_t>(space.data())) % 4096);
+  for (size_t at = first; at < last; at += step) {
+    const size_t k = std::min(step, last - at);
+    reducePieceRounded(d + at, of, at * sizeof(float), k, wire, scale, op, tmp);
+    consume(at, at + k, d + at);
+  }
+}
+
 void WindowCollectives::allReduceRounded(float* data, size_t count, DType wire, float scale, ReduceOp op,
                                          bool partial) {
   auto* d = reinterpret_cast<uint8_t*>(data);
   const size_t esz = sizeof(float);
-  if (call_.buffer == 0 || count * esz <= w_.halfBytes()) Collectives::allReduceRounded(data, count, wire, scale, op, partial);
+  if (call_.buffer == 0 || count * esz <= w_.halfBytes()) {
+    return Collectives::allReduceRounded(data, count, wire, scale, op, partial);
+  }
   auto reducePart = [&](const std::vector<const uint8_t*>& of, uint8_t* to, size_t first, size_t last) {
     reduceSharedRounded(of, to, first, last, wire, scale, op);
   };

@@ -46,7 +46,8 @@ class WindowCollectives : public Collectives {
   void allReduceRounded(float* data, size_t count, DType wire, float scale, ReduceOp op, bool partial) override;
   // On a shared float32 buffer larger than a half: one round in which each piece is reduced from every
   // member's buffer in rank order (reduceShared's bits, or reduceSharedRounded's for a 16-bit wire) into
-  // a cache-sized buffer and handed on.
+  // a cache-sized buffer and handed on. The plain (not partial) 16-bit step takes two: this member's part
+  // rounded in place in its buffer piece by piece, then the others' parts read where they lie.
   void reduceForStep(const float* data, size_t count, ReduceOp op, bool partial, DType wire, float scale,
                      const StepConsumer& consume) override;
   void barrier() override { w_.arrive(); }
@@ -73,6 +74,10 @@ class WindowCollectives : public Collectives {
   // The same over float32 buffers, as the 16-bit exchange rounds (reduce.h's roundScaled, sumRounded).
   static void reduceSharedRounded(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last,
                                   DType wire, float scale, ReduceOp op);
+  // reduceSharedRounded over elements [first, last) into d (this member's buffer) with each piece handed to
+  // consume once it is rounded there.
+  static void reduceSharedRoundedInPlace(const std::vector<const uint8_t*>& of, float* d, size_t first, size_t last,
+                                         DType wire, float scale, ReduceOp op, const StepConsumer& consume);
   // reduceSharedInto's pieces with reduceSharedRounded's bits (elements, not bytes).
   static void reduceSharedRoundedInto(const std::vector<const uint8_t*>& of, const void* near, size_t first,
                                       size_t last, DType wire, float scale, ReduceOp op, const StepConsumer& consume);

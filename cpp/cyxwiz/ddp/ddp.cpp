@@ -362,11 +362,12 @@ void DistributedDataParallel::launchStale(bool exceptFusible) {
 bool DistributedDataParallel::fusible(const Bucket& bucket) const {
   // Reading N buckets whole costs more than an all-reduce's passes beyond two ranks for the plain step
   // (see ddp.h); a sharded step reads only its part, so it gains at any size.
-  // A 16-bit bucket qualifies where it is rounded as the peers' buckets are read (no 16-bit copy), for the
-  // sharded step only: the plain one would round every element on every rank where the all-reduce rounds
-  // each rank's part once, and rounding is compute-bound (2 ranks, 784-4096-4096-10 on the 2-core Xeon:
-  // plain 153.5 ms fused against 150.0 all-reduced; sharded 136.7 against 139.1, 131.5 against 135.0).
-  const bool wire = bucket.wireDtype == DType::Float32 || (!bucket.wire.defined() && !shard_.empty());
+  // A 16-bit bucket qualifies where it is rounded as the peers' buckets are read (no 16-bit copy). Rounding
+  // is compute-bound, so the plain step's reduction rounds each rank's part once, as the all-reduce does,
+  // and reads the peer's part where it lies (WindowCollectives::reduceForStep); rounding every element on
+  // every rank measured slower (2 ranks, 784-4096-4096-10 on the 2-core Xeon: 153.5 ms against 150.0
+  // all-reduced; sharded 136.7 against 139.1, 131.5 against 135.0).
+  const bool wire = bucket.wireDtype == DType::Float32 || !bucket.wire.defined();
   return fusedStep_ && wire && (!shard_.empty() || worldSize() <= 2) &&
          (fusedForced_ || bucket.storage.nbytes() >= kFusedStepMinBytes) && backend_->reducesForStep(bucket.storage);
 }
@@ -377,11 +378,12 @@ void DistributedDataParallel::stepFromPeers(Bucket& bucket, nn::Optimizer& optim
   // parameters it overlaps.
   std::vector<int64_t> starts{0};
   for (size_t i : bucket.params) starts.push_back(starts.back() + params[i]->value.numel());
-  size_t k = 0;  // the first parameter the next piece may overlap: pieces come in order
+  size_t k = 0;  // the first parameter the next piece may overlap: pieces come in order within a rank's part
   const auto [op, scale] = wireReduction(bucket.wireDtype, worldSize());
   backend_->reduceForStep(bucket.storage, op, !shard_.empty(), bucket.wireDtype, scale,
                           [&](size_t first, size_t last, const float* reduced) {
                             const auto lo = static_cast<int64_t>(first), hi = static_cast<int64_t>(last);
+                            if (lo < starts[k]) k = 0;  // the next rank's part, before this one's
                             while (k + 1 < starts.size() && starts[k + 1] <= lo) ++k;
                             for (size_t j = k; j < bucket.params.size() && starts[j] < hi; ++j) {
                               const int64_t from = std::max(lo, starts[j]), to = std::min(hi, starts[j + 1]);

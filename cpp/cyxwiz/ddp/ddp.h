@@ -37,7 +37,8 @@
 // at any size. Buckets under 1 MiB take the all-reduce unless CYXWIZ_DDP_FUSED_STEP=1 (there the
 // fused step measured slower). Gradients read through sync_gradients(), check_gradients, a GradScaler
 // or a 16-bit exchange with its 16-bit copy take the all-reduce as before; a 16-bit exchange rounded as the
-// peers' buckets are read takes the fused sharded step (reduceForStep rounds the pieces the same way).
+// peers' buckets are read takes the fused step too (reduceForStep rounds the pieces the same way; in the
+// plain step each rank rounds its own part in place and reads the peer's where the peer rounded it).
 //
 // Construction is collective: the ranks compare architecture fingerprints (a different model on one
 // rank is an error on every rank) and, with broadcastParameters, take rank 0's parameters.
