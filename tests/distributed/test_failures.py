@@ -636,7 +636,11 @@ PROGRESS_CODE = r'''
 a = np.full(64 << 20, RANK + 1.0, np.float32)      # 256 MB: more work than the 3 ms windows below allow
 D.barrier()
 emit("READY")
-time.sleep(1.0)  # the test stops rank 1 before the call starts, however late it reads READY
+time.sleep(1.0)
+if RANK == 1:  # starts its call only once the test has stopped it, however late the test read READY
+    give_up = time.monotonic() + 60
+    while not os.path.exists(os.environ["TEST_GO"]) and time.monotonic() < give_up:
+        time.sleep(0.001)
 t0 = time.monotonic()
 try:
     D.all_reduce(a)
@@ -659,7 +663,7 @@ except Exception as e:
 '''
 
 
-def test_timeout_is_time_without_progress(watch):
+def test_timeout_is_time_without_progress(watch, tmp_path):
     """A slow link that keeps moving is not a timeout; a peer that stops moving still is.
 
     For 1.5 x the 8 s timeout, rank 1 is stopped for 1.9 s and resumed for 3 ms in turns
@@ -669,10 +673,12 @@ def test_timeout_is_time_without_progress(watch):
     windows are short because shared memory reduces 256 MB in 30-70 ms here, and a loaded machine
     stretches a 3 ms sleep: with 1.2 s stops the call finished in three windows (3.6 s, under the
     timeout it had to outlast) in 2 of 4 CI runs while other builds ran; three 1.9 s stops are 5.7 s.
-    Rank 1 is first stopped before its call starts (the ranks wait 1 s after READY), so a late read of
-    READY cannot hand it a free run either (it once finished in 1.3 s that way)."""
+    Rank 1 starts its call only once the test has stopped it and then made the file TEST_GO, so a late
+    read of READY cannot hand it a free run (it once finished in 1.3 s, and on a loaded CI machine in
+    1.9 s, when the test read READY about the 1 s the ranks wait after it too late)."""
     timeout_s = 8.0
-    procs = watch.start(PROGRESS_CODE, 2, env={"DISTRIBUTED_TIMEOUT_MS": str(int(timeout_s * 1000))})
+    go = tmp_path / "go"
+    procs = watch.start(PROGRESS_CODE, 2, env={"DISTRIBUTED_TIMEOUT_MS": str(int(timeout_s * 1000)), "TEST_GO": str(go)})
     watch.wait_line(procs, "READY", timeout=60)
     r0, r1 = procs
     pg = r1.popen.pid
@@ -680,6 +686,7 @@ def test_timeout_is_time_without_progress(watch):
     try:
         while time.monotonic() < until and not (r1.has("RESULT") or r1.has("ERROR")) and r1.popen.poll() is None:
             os.killpg(pg, signal.SIGSTOP)
+            go.touch()
             time.sleep(1.9)
             os.killpg(pg, signal.SIGCONT)
             time.sleep(0.003)
