@@ -3,6 +3,7 @@
 // a multi-rank job, by default) runs everything on the caller's thread, as before.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 
@@ -12,5 +13,14 @@ namespace cyxwiz {
 // blas::numThreads() threads (the caller's among them); returns when all are done. `body` must not
 // throw and must not call parallelFor itself.
 void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
+
+// Items per task when each item covers `values` values: about 16K values a task, so that waking a
+// worker costs little against the work it is given.
+inline int64_t grainOf(int64_t values) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(values, 1)); }
+
+// Columns per task of a loop that sums `rows` rows column by column: threads take disjoint columns,
+// each summed over the rows in order (the same bits at any thread count); at least 16 (a cache line
+// of floats), so that two threads rarely write one line.
+inline int64_t columnGrain(int64_t rows) { return std::max<int64_t>(16, grainOf(rows)); }
 
 }  // namespace cyxwiz

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cyxwiz/common/error.h"
+#include "cyxwiz/common/parallel.h"
 #include "cyxwiz/device/cuda.h"
 #include "cyxwiz/tensor/blas.h"
 
@@ -22,7 +23,9 @@ void broadcastRows(const Device& device, const float* row, float* out, int64_t r
     CYX_CUDA(broadcastRows(device.index, row, out, rows, cols));
     return;
   }
-  for (int64_t r = 0; r < rows; ++r) std::copy(row, row + cols, out + r * cols);
+  parallelFor(rows, grainOf(cols), [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) std::copy(row, row + cols, out + r * cols);
+  });
 }
 
 void linearForward(const Device& device, const float* x, const float* w, const float* bias, float* y, int64_t rows,
@@ -34,7 +37,11 @@ void linearForward(const Device& device, const float* x, const float* w, const f
   // Seed each row with the bias, then let the GEMM accumulate onto it (beta = 1): no separate pass.
   if (bias) broadcastRows(device, bias, y, rows, out);
   blas::sgemm(false, true, rows, out, in, 1.0f, x, in, w, in, bias ? 1.0f : 0.0f, y, out);
-  if (relu) std::transform(y, y + rows * out, y, [](float v) { return v > 0.0f ? v : 0.0f; });
+  if (relu) {
+    parallelFor(rows * out, grainOf(1), [&](int64_t first, int64_t last) {
+      std::transform(y + first, y + last, y + first, [](float v) { return v > 0.0f ? v : 0.0f; });
+    });
+  }
 }
 
 void addColumnSums(const Device& device, const float* g, float* out, int64_t rows, int64_t cols) {
@@ -42,10 +49,13 @@ void addColumnSums(const Device& device, const float* g, float* out, int64_t row
     CYX_CUDA(addColumnSums(device.index, g, out, rows, cols));
     return;
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = g + r * cols;
-    for (int64_t j = 0; j < cols; ++j) out[j] += row[j];
-  }
+  // Threads take columns, each summed over the rows in order (the same bits at any thread count).
+  parallelFor(cols, columnGrain(rows), [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = g + r * cols;
+      for (int64_t j = c0; j < c1; ++j) out[j] += row[j];
+    }
+  });
 }
 
 void gpuActivation(const Tensor& x, Tensor& y, cuda::Activation f, float param) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cyxwiz/common/parallel.h"
 #include "cyxwiz/device/cuda.h"
 #include "cyxwiz/nn/softmax.h"
 
@@ -30,19 +31,25 @@ void CrossEntropyLoss::addLossSum(const Tensor& output, const Tensor& target, Te
     return;
   }
   const float* x = output.data<float>();
-  double total = 0.0;
-  std::vector<float> exps(static_cast<size_t>(classes));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * classes;
-    const double logSumExp = logSumExpRow(xr, exps.data(), classes);
-    if (indices) {
-      const int64_t label = target.data<int64_t>()[r];
-      if (label != ignore_) total += logSumExp - xr[label];
-    } else {
-      const float* p = target.data<float>() + r * classes;
-      for (int64_t c = 0; c < classes; ++c) total += p[c] * (logSumExp - xr[c]);
+  // Each row's term on the threads, then their sum in row order (the same bits at any thread count).
+  std::vector<double> rowTerms(static_cast<size_t>(rows), 0.0);
+  parallelFor(rows, grainOf(classes), [&](int64_t first, int64_t last) {
+    std::vector<float> exps(static_cast<size_t>(classes));
+    for (int64_t r = first; r < last; ++r) {
+      const float* xr = x + r * classes;
+      const double logSumExp = logSumExpRow(xr, exps.data(), classes);
+      double& term = rowTerms[static_cast<size_t>(r)];
+      if (indices) {
+        const int64_t label = target.data<int64_t>()[r];
+        if (label != ignore_) term = logSumExp - xr[label];
+      } else {
+        const float* p = target.data<float>() + r * classes;
+        for (int64_t c = 0; c < classes; ++c) term += p[c] * (logSumExp - xr[c]);
+      }
     }
-  }
+  });
+  double total = 0.0;
+  for (double term : rowTerms) total += term;
   sums.data<double>()[index] += total;
 }
 
@@ -60,26 +67,29 @@ Tensor CrossEntropyLoss::gradient(const Tensor& output, const Tensor& target) co
   }
   Tensor grad = Tensor::empty(output.shape());
   float* g = grad.data<float>();
-  softmaxRows(output.data<float>(), g, rows, classes);
+  const float* x = output.data<float>();
   // The mean's count: rows not ignored (no rows counted: every gradient row is 0 anyway).
   const float invRows = 1.0f / static_cast<float>(std::max<int64_t>(countTargets(target, ignore_), 1));
-  for (int64_t r = 0; r < rows; ++r) {
-    float* gr = g + r * classes;
-    if (indices) {
-      const int64_t label = target.data<int64_t>()[r];
-      if (label == ignore_) {
-        std::fill(gr, gr + classes, 0.0f);
-        continue;
+  parallelFor(rows, grainOf(classes), [&](int64_t first, int64_t last) {
+    softmaxRows(x + first * classes, g + first * classes, last - first, classes);
+    for (int64_t r = first; r < last; ++r) {
+      float* gr = g + r * classes;
+      if (indices) {
+        const int64_t label = target.data<int64_t>()[r];
+        if (label == ignore_) {
+          std::fill(gr, gr + classes, 0.0f);
+          continue;
+        }
+        gr[label] -= 1.0f;
+        for (int64_t c = 0; c < classes; ++c) gr[c] *= invRows;
+      } else {
+        const float* p = target.data<float>() + r * classes;
+        float mass = 0.0f;
+        for (int64_t c = 0; c < classes; ++c) mass += p[c];
+        for (int64_t c = 0; c < classes; ++c) gr[c] = (gr[c] * mass - p[c]) * invRows;
       }
-      gr[label] -= 1.0f;
-      for (int64_t c = 0; c < classes; ++c) gr[c] *= invRows;
-    } else {
-      const float* p = target.data<float>() + r * classes;
-      float mass = 0.0f;
-      for (int64_t c = 0; c < classes; ++c) mass += p[c];
-      for (int64_t c = 0; c < classes; ++c) gr[c] = (gr[c] * mass - p[c]) * invRows;
     }
-  }
+  });
   return grad;
 }
 

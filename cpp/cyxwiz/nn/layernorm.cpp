@@ -17,9 +17,6 @@ std::string shapeText(const Shape& s) {
   return shapeString(s);
 }
 
-// Rows per thread task: about 16K values.
-int64_t rowGrain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)); }
-
 // The per-row loops, cloned per instruction set. Each row's sums run in double over lanes
 // (lanes.h), then the tail: at d 128 the sequential sums took 6% of a Transformer step.
 
@@ -129,7 +126,7 @@ Tensor LayerNormModule::forward(const Tensor& input) {
   const float* w = weight_.value.data<float>();
   const float* b = bias_.value.data<float>();
   float* y = output.data<float>();
-  parallelFor(rows, rowGrain(D), [&](int64_t first, int64_t last) {
+  parallelFor(rows, grainOf(D), [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       double mean = 0.0, squares = 0.0;
       moments(x + r * D, D, &mean, &squares);
@@ -151,12 +148,14 @@ Tensor LayerNormModule::backward(const Tensor& gradOutput) {
   const float* x = input_.data<float>();
   const float* g = gradOutput.data<float>();
   const float* w = weight_.value.data<float>();
-  // Parameter gradients: sums over the rows, column by column, in double.
+  // Parameter gradients: sums over the rows, column by column, in double (threads take columns).
   std::vector<double> dw(static_cast<size_t>(D), 0.0), db(static_cast<size_t>(D), 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    addParamGrads(x + r * D, g + r * D, mean_[static_cast<size_t>(r)], rstd_[static_cast<size_t>(r)], dw.data(),
-                  db.data(), D);
-  }
+  parallelFor(D, columnGrain(rows), [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < rows; ++r) {
+      addParamGrads(x + r * D + c0, g + r * D + c0, mean_[static_cast<size_t>(r)], rstd_[static_cast<size_t>(r)],
+                    dw.data() + c0, db.data() + c0, c1 - c0);
+    }
+  });
   float* dW = weight_.grad.data<float>();
   float* dB = bias_.grad.data<float>();
   for (int64_t i = 0; i < D; ++i) {
@@ -167,7 +166,7 @@ Tensor LayerNormModule::backward(const Tensor& gradOutput) {
   if (!needInputGrad_) return Tensor();
   Tensor gradInput = Tensor::empty(input_.shape());
   float* dx = gradInput.data<float>();
-  parallelFor(rows, rowGrain(D), [&](int64_t first, int64_t last) {
+  parallelFor(rows, grainOf(D), [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       inputGrad(x + r * D, g + r * D, w, mean_[static_cast<size_t>(r)], rstd_[static_cast<size_t>(r)], dx + r * D, D);
     }

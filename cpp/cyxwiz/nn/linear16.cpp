@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "cyxwiz/device/ops.h"
 #include "cyxwiz/tensor/blas.h"
 #include "cyxwiz/tensor/blas16.h"
 #include "cyxwiz/tensor/convert16.h"
@@ -47,9 +48,7 @@ void linearForward16(const Tensor& x16, const float* w, const float* bias, float
   const int64_t rows = x16.size(0), in = x16.size(1);
   const DType dtype = x16.dtype();
   // Seed each row with the bias; each block's GEMM accumulates onto it (beta = 1).
-  if (bias) {
-    for (int64_t r = 0; r < rows; ++r) std::copy(bias, bias + out, y + r * out);
-  }
+  if (bias) ops::broadcastRows(Device{}, bias, y, rows, out);
   const int64_t step = blockRows(in);
   if (direct(dtype)) {  // y[:, o:o+n] (+)= x16 w16[o:o+n]^T, the weight rounded a block of rows at a time
     Bits16 wb = buffer16(std::min(step, out) * in);
@@ -105,12 +104,7 @@ void linearParamGrads16(const Tensor& x16, const Tensor& gr, float* dw, float* d
       blas::sgemm(true, false, out, in, n, 1.0f, g + r * out, out, xr.get(), in, 1.0f, dw, in);
     }
   }
-  if (db) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = g + r * out;
-      for (int64_t j = 0; j < out; ++j) db[j] += row[j];
-    }
-  }
+  if (db) ops::addColumnSums(Device{}, g, db, rows, out);
 }
 
 Tensor linearInputGrad16(const Tensor& gr, const float* w, int64_t in, DType dtype) {

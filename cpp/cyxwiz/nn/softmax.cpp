@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cyxwiz/common/parallel.h"
 #include "cyxwiz/device/cuda.h"
 #include "cyxwiz/device/ops.h"
 #include "cyxwiz/nn/elementwise.h"
@@ -77,7 +78,11 @@ Tensor softmax(const Tensor& input) {
     CYX_CUDA(softmaxForward(input.device().index, input.deviceData<float>(), out.deviceData<float>(),
                             input.numel() / cols, cols));
   } else {
-    softmaxRows(input.data<float>(), out.data<float>(), input.numel() / cols, cols);
+    const float* x = input.data<float>();
+    float* y = out.data<float>();
+    parallelFor(input.numel() / cols, grainOf(cols), [&](int64_t first, int64_t last) {
+      softmaxRows(x + first * cols, y + first * cols, last - first, cols);
+    });
   }
   return out;
 }
@@ -108,7 +113,9 @@ Tensor SoftmaxModule::backward(const Tensor& gradOutput) {
   const float* y = output.data<float>();
   const float* g = gradOutput.data<float>();
   float* dx = gradInput.data<float>();
-  for (int64_t r = 0; r < rows; ++r) softmaxGradRow(y + r * cols, g + r * cols, dx + r * cols, cols);
+  parallelFor(rows, grainOf(cols), [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) softmaxGradRow(y + r * cols, g + r * cols, dx + r * cols, cols);
+  });
   return gradInput;
 }
 
