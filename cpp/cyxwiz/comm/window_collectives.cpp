@@ -128,7 +128,7 @@ void WindowCollectives::reduceForStep(const float* data, size_t count, ReduceOp 
     // The plain 16-bit step. Rounding is compute-bound, so each member rounds only its own part, in place
     // (the rounded all-reduce's bits and place), and then reads the others' parts where they lie.
     const size_t mine = partBegin(count, n, me), next = partBegin(count, n, me + 1);
-    reduceSharedRoundedInPlace(of, const_cast<float*>(data), mine, next, wire, scale, op, consume);
+    reduceSharedRoundedInto(of, data, mine, next, wire, scale, op, consume, const_cast<float*>(data));
     w_.arrive();  // every member's part is rounded in its buffer
     constexpr size_t step = 64 * 1024 / sizeof(float);
     for (int r = 0; r < n; ++r) {
@@ -172,29 +172,16 @@ void WindowCollectives::reduceSharedRounded(const std::vector<const uint8_t*>& o
 
 void WindowCollectives::reduceSharedRoundedInto(const std::vector<const uint8_t*>& of, const void* near, size_t first,
                                                 size_t last, DType wire, float scale, ReduceOp op,
-                                                const StepConsumer& consume) {
+                                                const StepConsumer& consume, float* into) {
   constexpr size_t kPiece = 64 * 1024, step = kPiece / sizeof(float);  // as reduceSharedInto
   thread_local std::vector<uint8_t> space(kPiece + 8192);
   auto* tmp = reinterpret_cast<float*>(
       space.data() + (reinterpret_cast<uintptr_t>(near) + 2048 - reinterpret_cast<uintptr_t>(space.data())) % 4096);
   for (size_t at = first; at < last; at += step) {
     const size_t k = std::min(step, last - at);
-    reducePieceRounded(tmp, of, at * sizeof(float), k, wire, scale, op, tmp);
-    consume(at, at + k, tmp);
-  }
-}
-
-void WindowCollectives::reduceSharedRoundedInPlace(const std::vector<const uint8_t*>& of, float* d, size_t first,
-                                                    size_t last, DType wire, float scale, ReduceOp op,
-                                                    const StepConsumer& consume) {
-  constexpr size_t kPiece = 64 * 1024, step = kPiece / sizeof(float);  // as reduceSharedRounded
-  thread_local std::vector<uint8_t> space(kPiece + 8192);
-  auto* tmp = reinterpret_cast<float*>(
-      space.data() + (reinterpret_cast<uintptr_t>(d) + 2048 - reinterpret_cast<uintptr_t>(space.data())) % 4096);
-  for (size_t at = first; at < last; at += step) {
-    const size_t k = std::min(step, last - at);
-    reducePieceRounded(d + at, of, at * sizeof(float), k, wire, scale, op, tmp);
-    consume(at, at + k, d + at);
+    float* piece = into ? into + at : tmp;
+    reducePieceRounded(piece, of, at * sizeof(float), k, wire, scale, op, tmp);
+    consume(at, at + k, piece);
   }
 }
 

@@ -74,13 +74,11 @@ class WindowCollectives : public Collectives {
   // The same over float32 buffers, as the 16-bit exchange rounds (reduce.h's roundScaled, sumRounded).
   static void reduceSharedRounded(const std::vector<const uint8_t*>& of, uint8_t* d, size_t first, size_t last,
                                   DType wire, float scale, ReduceOp op);
-  // reduceSharedRounded over elements [first, last) into d (this member's buffer) with each piece handed to
-  // consume once it is rounded there.
-  static void reduceSharedRoundedInPlace(const std::vector<const uint8_t*>& of, float* d, size_t first, size_t last,
-                                         DType wire, float scale, ReduceOp op, const StepConsumer& consume);
-  // reduceSharedInto's pieces with reduceSharedRounded's bits (elements, not bytes).
+  // reduceSharedInto's pieces with reduceSharedRounded's bits (elements, not bytes); with `into` (this
+  // member's buffer) each piece is rounded in place there and handed on from there.
   static void reduceSharedRoundedInto(const std::vector<const uint8_t*>& of, const void* near, size_t first,
-                                      size_t last, DType wire, float scale, ReduceOp op, const StepConsumer& consume);
+                                      size_t last, DType wire, float scale, ReduceOp op, const StepConsumer& consume,
+                                      float* into = nullptr);
 
   Window& w_;
   CallSignature call_;
