@@ -19,6 +19,8 @@ Modes (--modes, default all three, rounds in this order):
   bf16     gradients exchanged in bfloat16 (not in the default modes): pycyxwiz DDP with
            DDPConfig.gradient_dtype = "bfloat16"; torch DDP with the body of bf16_compress_hook as its comm
            hook (default_hooks._compress_hook(torch.bfloat16): the public hook refuses anything but CUDA/XPU)
+  bf16-sharded
+           pycyxwiz only: sharded with gradients exchanged in bfloat16 (not in the default modes)
   unfused, sharded-unfused, bf16-unfused
            ddp, sharded and bf16 with pycyxwiz's fused optimizer step off (CYXWIZ_DDP_FUSED_STEP=0 while wrapping;
            not in the default modes; pycyxwiz only): each bucket all-reduced (reduce-scattered), then the
@@ -61,11 +63,11 @@ from mlp import MODELS  # noqa: E402 - the layer sizes of the MLP the workers tr
 WORKER = os.path.join(HERE, "train_throughput_worker.py")
 BATCH = 64
 FRAMEWORKS = ["pycyxwiz", "torch"]
-MODES = ["ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused", "nocomm"]
+MODES = ["ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused", "bf16-sharded", "nocomm"]
 DEFAULT_MODES = ["ddp", "sharded", "nocomm"]
-COMM_MODES = ["ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused"]
-UNFUSED_MODES = ["unfused", "sharded-unfused", "bf16-unfused"]  # pycyxwiz only
-QUICK_MODES = [m for m in MODES if m not in UNFUSED_MODES]  # --quick measures every other mode (about 15 s on 2 cores with torch)
+COMM_MODES = ["ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused", "bf16-sharded"]
+UNFUSED_MODES = ["unfused", "sharded-unfused", "bf16-unfused"]  # pycyxwiz only (so is bf16-sharded)
+QUICK_MODES = [m for m in MODES if m not in UNFUSED_MODES + ["bf16-sharded"]]  # --quick measures every other mode (about 15 s on 2 cores with torch)
 SHARD_ENV = "CYXWIZ_DDP_SHARD_OPTIMIZER"  # not passed to the ranks: it would shard the ddp mode too
 VARIANT = {("pycyxwiz", "ddp"): "pycyxwiz DDP", ("pycyxwiz", "sharded"): "pycyxwiz DDP sharded",
            ("pycyxwiz", "unfused"): "pycyxwiz DDP unfused step",
@@ -73,6 +75,8 @@ VARIANT = {("pycyxwiz", "ddp"): "pycyxwiz DDP", ("pycyxwiz", "sharded"): "pycyxw
            ("pycyxwiz", "bf16-unfused"): "pycyxwiz DDP bf16 gradients, unfused step",
            ("torch", "unfused"): "torch (no unfused mode)", ("torch", "sharded-unfused"): "torch (no unfused mode)",
            ("torch", "bf16-unfused"): "torch (no unfused mode)",
+           ("pycyxwiz", "bf16-sharded"): "pycyxwiz DDP sharded, bf16 gradients",
+           ("torch", "bf16-sharded"): "torch (no bf16 sharded mode)",
            ("pycyxwiz", "nocomm"): "pycyxwiz no-comm", ("pycyxwiz", "bf16"): "pycyxwiz DDP bf16 gradients",
            ("torch", "bf16"): "torch DDP bf16 compress hook",
            ("torch", "ddp"): "torch DDP", ("torch", "sharded"): "torch DDP sharded (ZeRO)",
@@ -126,13 +130,14 @@ def availability(ver, no_torch):
         for m in COMM_MODES:
             no_mode[("pycyxwiz", m)] = "this pycyxwiz has no cx.distributed.DistributedDataParallel (no-comm measured alone)"
     elif why["pycyxwiz"] is None and not p.get("shard"):
-        for m in ("sharded", "sharded-unfused"):
+        for m in ("sharded", "sharded-unfused", "bf16-sharded"):
             no_mode[("pycyxwiz", m)] = "this pycyxwiz has no cx.distributed.DDPConfig.shard_optimizer"
     if why["pycyxwiz"] is None and p.get("ddp") and not p.get("bf16"):
-        for m in ("bf16", "bf16-unfused"):
+        for m in ("bf16", "bf16-unfused", "bf16-sharded"):
             no_mode[("pycyxwiz", m)] = "this pycyxwiz has no cx.distributed.DDPConfig.gradient_dtype"
     for m in UNFUSED_MODES:
         no_mode[("torch", m)] = "pycyxwiz's fused optimizer step has no torch counterpart"
+    no_mode[("torch", "bf16-sharded")] = "pycyxwiz only (the 16-bit exchange's sharded step against float32's)"
     return why, no_mode
 
 
@@ -381,7 +386,8 @@ def main_table(s, model, worlds, fws, modes):
     samples/s of DDP (of sharded when DDP was not asked for)."""
     shown = ["pycyxwiz"] + (["torch"] if "torch" in fws else [])
     label = {"ddp": "DDP", "unfused": "DDP unfused", "sharded": "sharded", "sharded-unfused": "sharded unfused",
-             "bf16": "DDP bf16", "bf16-unfused": "DDP bf16 unfused", "nocomm": "no-comm"}
+             "bf16": "DDP bf16", "bf16-unfused": "DDP bf16 unfused",
+             "bf16-sharded": "sharded bf16", "nocomm": "no-comm"}
     shown_modes = [m for m in MODES if m in modes]
     ratios = [m for m in COMM_MODES if m in modes] if "nocomm" in modes else []
     rate_mode = next((m for m in COMM_MODES if m in modes), "nocomm")
@@ -452,6 +458,7 @@ def plot(path, s, models, worlds, fws):
              ("pycyxwiz", "nocomm"): ("tab:red", "--", "s"), ("pycyxwiz", "bf16"): ("tab:red", "-.", "v"),
              ("torch", "bf16"): ("tab:blue", "-.", "v"), ("pycyxwiz", "unfused"): ("tab:orange", "-", "o"),
              ("pycyxwiz", "sharded-unfused"): ("tab:orange", ":", "^"), ("pycyxwiz", "bf16-unfused"): ("tab:orange", "-.", "v"),
+             ("pycyxwiz", "bf16-sharded"): ("tab:red", ":", "v"),
              ("torch", "ddp"): ("tab:blue", "-", "o"), ("torch", "sharded"): ("tab:blue", ":", "^"),
              ("torch", "nocomm"): ("tab:blue", "--", "s")}
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.5), squeeze=False)

@@ -20,6 +20,8 @@ Each rank generates its own synthetic data once (float32 randn(rows, 784), randi
   bf16     the ddp step with gradients exchanged in bfloat16: pycyxwiz DDPConfig.gradient_dtype = "bfloat16";
            torch DDP with bf16_compress_hook's body (default_hooks._compress_hook(torch.bfloat16): the public
            hook refuses anything but CUDA/XPU) as its comm hook
+  bf16-sharded
+           pycyxwiz only: sharded with DDPConfig.gradient_dtype = "bfloat16"
   unfused, sharded-unfused, bf16-unfused
            pycyxwiz only: ddp, sharded and bf16 wrapped with CYXWIZ_DDP_FUSED_STEP=0 (each bucket all-reduced or
            reduce-scattered, then stepped on: no fused optimizer step)
@@ -53,7 +55,7 @@ from mlp import LR, MODELS, build_cx, torch_mlp  # the MLP every benchmark train
 READY, ROUND, RESULT, ERROR = "TRAIN_READY", "TRAIN_ROUND", "TRAIN_RESULT", "TRAIN_ERROR"
 BATCH = 64
 CLASSES = 10
-MODES = ("ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused", "nocomm")
+MODES = ("ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused", "bf16-sharded", "nocomm")
 SHARD_ENV = "CYXWIZ_DDP_SHARD_OPTIMIZER"
 
 
@@ -104,8 +106,8 @@ class Cyxwiz:
 
     def build(self, sizes, mode, seed):
         m, lossfn, opt = build_cx(self.cx, sizes, seed)
-        if mode in ("ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused"):
-            shard = mode.startswith("sharded")
+        if mode in ("ddp", "unfused", "sharded", "sharded-unfused", "bf16", "bf16-unfused", "bf16-sharded"):
+            shard = mode.startswith("sharded") or mode.endswith("-sharded")
             cfg = self.dist.DDPConfig()
             if mode.startswith("bf16"):
                 if not hasattr(cfg, "gradient_dtype"):
